@@ -1,0 +1,36 @@
+"""Exceptions of stream-dedup.
+
+    StreamDedupError                 root: everything we raise on purpose
+    ├── ConfigError                  bad settings (never retriable)
+    ├── IndexMismatchError           an index built with other sketch parameters
+    └── PageError                    one bad input page; becomes a `reject` decision
+                                     (`kind` is the decision's reason, e.g. "bad-json")
+
+Library errors (selectolax, fastwarc, json, base64 ...) are translated into these once,
+at the edge that calls the library; the core never sees a third-party exception.
+"""
+
+from __future__ import annotations
+
+
+class StreamDedupError(Exception):
+    """Root of every error stream-dedup raises on purpose."""
+
+    retriable: bool = False
+
+
+class ConfigError(StreamDedupError):
+    """A setting is out of range or inconsistent."""
+
+
+class IndexMismatchError(StreamDedupError):
+    """An index was built with other sketch parameters; comparing would be meaningless."""
+
+
+class PageError(StreamDedupError):
+    """One input page cannot be processed. Becomes a `reject` decision, never a crash."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(f"{kind}: {message}")
+        self.kind = kind
+        self.message = message

@@ -1,0 +1,96 @@
+"""Values that cross module boundaries: pages in, decisions out.
+
+All frozen: a Page or Decision never changes after it is made, so it can be handed to
+another process, logged, or compared in a golden test without surprises.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+DecisionKind = Literal["keep", "drop", "reject"]
+
+# Reasons a `keep` or `drop` carries; a `reject` carries a PageError kind instead.
+UNIQUE = "unique"
+EXACT = "exact"
+CANONICAL = "canonical"
+NEAR = "near"
+VERIFIED_DISTINCT = "verified-distinct"
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One crawled page as it arrives: raw bytes plus whatever the crawler knew."""
+
+    url: str
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+    fetched_at: str | None = None
+    status: int | None = None
+    # Where it came from ("file.warc.gz#12", "topic/3/1042"); stable across re-delivery.
+    source: str | None = None
+
+    def header(self, name: str) -> str | None:
+        lname = name.lower()
+        for key, value in self.headers:
+            if key.lower() == lname:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An input record that could not become a Page (bad JSON, broken WARC record...)."""
+
+    url: str | None
+    kind: str
+    message: str
+    source: str | None = None
+    raw: bytes | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DuplicateOf:
+    page_id: int
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    url: str | None
+    decision: DecisionKind
+    reason: str
+    page_id: int | None = None
+    duplicate_of: DuplicateOf | None = None
+    shared_features: int = 0
+    resemblance: float | None = None
+    ld_estimate: float | None = None
+    verified: bool = False
+    short: bool = False
+    error: str | None = None
+    source: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "decision": self.decision,
+            "reason": self.reason,
+            "page_id": self.page_id,
+            "duplicate_of": (
+                None
+                if self.duplicate_of is None
+                else {"page_id": self.duplicate_of.page_id, "url": self.duplicate_of.url}
+            ),
+            "shared_features": self.shared_features,
+            "resemblance": self.resemblance,
+            "ld_estimate": self.ld_estimate,
+            "verified": self.verified,
+            "short": self.short,
+            "error": self.error,
+            "source": self.source,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))

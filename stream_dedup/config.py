@@ -1,0 +1,137 @@
+"""One frozen Settings object; the only module that reads the environment.
+
+Precedence, lowest to highest: defaults < config file (TOML, `[stream_dedup]` table or top
+level) < environment (`STREAM_DEDUP_<NAME>`) < explicit overrides (the CLI flags).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from .core.sketch import Params
+from .errors import ConfigError
+
+ENV_PREFIX = "STREAM_DEDUP_"
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    # --- what a feature means (stamped into the index) ---
+    shingle_words: int = 8
+    groups: int = 6
+    group_size: int = 14
+    seed: int = 0x5EED_D0C5
+    hash_family: str = "affine64"
+    boilerplate: bool = False
+    # --- decision rule ---
+    threshold: int = 2  # r: shared features that make a near-duplicate
+    min_shingles: int = 25  # below this, only the exact and canonical layers apply
+    max_page_bytes: int = 8 * 1024 * 1024
+    max_posting: int = 64  # longest posting list kept per feature (most recent pages)
+    # --- verification of candidate matches ---
+    verify_rate: float = 1.0
+    verify_min_resemblance: float = 0.80
+    verify_max_ld_ratio: float = 0.20
+    verify_max_candidates: int = 3
+    ld_c: int = 32
+    ld_n: int = 4
+    # --- derived ---
+    params: Params = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        params = Params(
+            shingle_words=self.shingle_words,
+            groups=self.groups,
+            group_size=self.group_size,
+            seed=self.seed,
+            family=self.hash_family,
+            boilerplate=self.boilerplate,
+        )
+        object.__setattr__(self, "params", params)
+        if not 1 <= self.threshold <= self.groups:
+            raise ConfigError(f"threshold must be in 1..groups={self.groups}, got {self.threshold}")
+        if not 0.0 <= self.verify_rate <= 1.0:
+            raise ConfigError(f"verify_rate must be in [0, 1], got {self.verify_rate}")
+        if not 0.0 <= self.verify_min_resemblance <= 1.0:
+            raise ConfigError("verify_min_resemblance must be in [0, 1]")
+        if not 0.0 <= self.verify_max_ld_ratio <= 1.0:
+            raise ConfigError("verify_max_ld_ratio must be in [0, 1]")
+        if self.ld_c < 2 or self.ld_n < 1:
+            raise ConfigError("ld_c must be >= 2 and ld_n >= 1")
+        if self.min_shingles < 1:
+            raise ConfigError("min_shingles must be >= 1")
+        if self.max_posting < 1 or self.verify_max_candidates < 1:
+            raise ConfigError("max_posting and verify_max_candidates must be >= 1")
+        if self.max_page_bytes < 1:
+            raise ConfigError("max_page_bytes must be >= 1")
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls) if f.init]
+
+    @classmethod
+    def load(
+        cls,
+        config_file: str | Path | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Settings:
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        if config_file is not None:
+            values.update(_read_file(Path(config_file)))
+        for name in cls.names():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = raw
+        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+
+_TYPES = {f.name: f.type for f in fields(Settings) if f.init}
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    table = data.get("stream_dedup", data)
+    unknown = sorted(set(table) - set(_TYPES))
+    if unknown:
+        raise ConfigError(f"unknown setting(s) in {path}: {', '.join(unknown)}")
+    return dict(table)
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name not in _TYPES:
+        raise ConfigError(f"unknown setting {name!r}")
+    kind = _TYPES[name]
+    try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(value)
+        if kind == "int":
+            return value if isinstance(value, int) else int(str(value), 0)
+        if kind == "float":
+            return float(value)
+        return str(value)
+    except ValueError:
+        raise ConfigError(f"setting {name} expects {kind}, got {value!r}") from None

@@ -1,0 +1,162 @@
+"""Shingles, min-wise sketches and Broder's features (CPM 2000, sections 2-3).
+
+- shingles: every run of w consecutive tokens, fingerprinted to 64 bits;
+- sketch: for each of k*s hash permutations pi_i, min(pi_i(S)) over the shingle set S.
+  Pr[min pi(A) == min pi(B)] = |A∩B| / |A∪B|, the resemblance, so the share of equal
+  positions in two sketches estimates it;
+- features: the sketch split into k groups of s; each group (with its group id) is
+  fingerprinted by xxh3, a hash independent of the shingle hash. Two pages share a feature
+  with probability rho**s, and "near-duplicate" means sharing >= r of the k features.
+
+Hash families (`Params.family`), both bijections on 64-bit words applied to the shingle
+fingerprints, keeping the top 32 bits of the result as the min-hash value:
+- "affine64": pi_i(x) = a_i*x + b_i mod 2**64 with odd a_i. Cheap (one multiply-add per
+  shingle and permutation). The inputs are already splitmix-mixed fingerprints, so the
+  minimum over a set behaves like the minimum of independent uniform values.
+- "mix64": pi_i(x) = splitmix64(x xor a_i). Full avalanche, about 3x the cost; use it when
+  in doubt about the inputs.
+
+The min is idempotent, so the sketch of a multiset equals the sketch of its set: repeated
+shingles need no de-duplication before sketching.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import xxhash
+
+from ..errors import ConfigError
+from .hashing import MASK64, U64, mix64, mix64_int, odd_constants
+
+FAMILIES = ("affine64", "mix64")
+_SHIFT32 = U64(32)
+_BLOCK = 4096  # shingles per block: keeps the (k*s, block) temporaries in cache
+
+
+@dataclass(frozen=True, slots=True)
+class Params:
+    """Everything that changes what a feature means. Pages sketched under different
+    Params are never compared: `stamp` goes into every feature hash and into the index."""
+
+    shingle_words: int = 8
+    groups: int = 6
+    group_size: int = 14
+    seed: int = 0x5EED_D0C5
+    family: str = "affine64"
+    boilerplate: bool = False
+    canon_version: int = 1
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shingle_words <= 64:
+            raise ConfigError(f"shingle_words must be in 1..64, got {self.shingle_words}")
+        if self.groups < 1 or self.group_size < 1:
+            raise ConfigError("groups (k) and group_size (s) must be >= 1")
+        if self.groups * self.group_size > 4096:
+            raise ConfigError("k*s above 4096 min-hashes is not supported")
+        if self.family not in FAMILIES:
+            raise ConfigError(f"hash family must be one of {FAMILIES}, got {self.family!r}")
+
+    @property
+    def num_perm(self) -> int:
+        return self.groups * self.group_size
+
+    def describe(self) -> str:
+        return (
+            f"w={self.shingle_words},k={self.groups},s={self.group_size},seed={self.seed},"
+            f"family={self.family},boilerplate={int(self.boilerplate)},canon={self.canon_version}"
+        )
+
+    @property
+    def stamp(self) -> int:
+        return xxhash.xxh3_64_intdigest(self.describe().encode())
+
+
+class Sketcher:
+    """Holds the permutation constants for one Params (build once, reuse per page)."""
+
+    def __init__(self, params: Params) -> None:
+        self.params = params
+        n = params.num_perm
+        self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
+        self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
+        self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
+        self._feature_seed = params.stamp
+
+    # --- shingles -----------------------------------------------------------------
+    def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
+        """64-bit fingerprints of every w-token window (fewer than w tokens: none)."""
+        w = self.params.shingle_words
+        n = token_hashes.shape[0] - w + 1
+        if n <= 0:
+            return np.zeros(0, dtype=np.uint64)
+        acc = token_hashes[:n] * self._shingle_mult[0]
+        for j in range(1, w):
+            acc += token_hashes[j : j + n] * self._shingle_mult[j]
+        return mix64(acc)
+
+    # --- sketch -------------------------------------------------------------------
+    def sketch(self, shingles: np.ndarray) -> np.ndarray:
+        """k*s min-hash values (uint32). An empty set sketches to all 0xFFFFFFFF."""
+        out = np.full(self.params.num_perm, 0xFFFFFFFF, dtype=np.uint32)
+        if shingles.shape[0] == 0:
+            return out
+        affine = self.params.family == "affine64"
+        for lo in range(0, shingles.shape[0], _BLOCK):
+            x = shingles[lo : lo + _BLOCK].reshape(1, -1)
+            if affine:
+                h = self._a * x
+                h += self._b
+            else:
+                h = mix64(x ^ self._a)
+            h >>= _SHIFT32
+            np.minimum(out, h.min(axis=1).astype(np.uint32), out=out)
+        return out
+
+    # --- features -----------------------------------------------------------------
+    def features(self, sketch: np.ndarray) -> np.ndarray:
+        """k 64-bit features: xxh3 of (group id, the group's s min-hashes)."""
+        s = self.params.group_size
+        out = np.empty(self.params.groups, dtype=np.uint64)
+        for g in range(self.params.groups):
+            data = g.to_bytes(2, "little") + sketch[g * s : (g + 1) * s].tobytes()
+            out[g] = xxhash.xxh3_64_intdigest(data, seed=self._feature_seed)
+        return out
+
+    # --- plain reference (tests) ---------------------------------------------------
+    @cached_property
+    def _ref_constants(self) -> tuple[list[int], list[int], list[int]]:
+        return (
+            [int(v) for v in self._a.ravel()],
+            [int(v) for v in self._b.ravel()],
+            [int(v) for v in self._shingle_mult],
+        )
+
+    def reference_sketch(self, token_hashes: list[int]) -> list[int]:
+        """Slow, obviously-correct sketch: Python ints, explicit sets and loops."""
+        a, b, mult = self._ref_constants
+        w = self.params.shingle_words
+        shingle_set = set()
+        for i in range(len(token_hashes) - w + 1):
+            acc = sum(token_hashes[i + j] * mult[j] for j in range(w)) & MASK64
+            shingle_set.add(mix64_int(acc))
+        result = []
+        for i in range(self.params.num_perm):
+            best = 0xFFFFFFFF
+            for x in shingle_set:
+                if self.params.family == "affine64":
+                    h = (a[i] * x + b[i]) & MASK64
+                else:
+                    h = mix64_int(x ^ a[i])
+                best = min(best, h >> 32)
+            result.append(best)
+        return result
+
+
+def resemblance(sketch_a: np.ndarray, sketch_b: np.ndarray) -> float:
+    """Share of equal min-hashes: an unbiased estimate of |A∩B|/|A∪B|."""
+    if sketch_a.shape != sketch_b.shape:
+        raise ValueError("sketches of different length are not comparable")
+    return float(np.count_nonzero(sketch_a == sketch_b)) / sketch_a.shape[0]

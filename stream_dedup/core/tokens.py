@@ -1,0 +1,137 @@
+"""Canonical text and word tokens, vectorized over code points.
+
+Canonical form (Broder's "lexically equivalent"): NFKC-normalized, lower-cased, every run
+of characters that is not a letter, digit or combining mark becomes one space. Two pages
+whose visible text differs only in punctuation, case, markup or white space have the same
+canonical text and therefore the same canonical fingerprint.
+
+What a token is:
+- a maximal run of letters/digits/marks (Latin, Cyrillic, Greek, Arabic, Hebrew, Devanagari,
+  Hangul ... all separate words with spaces or punctuation);
+- each single character of the scripts that do not separate words (Han ideographs, Hiragana,
+  Katakana, Thai, Lao, Khmer, Myanmar, Tibetan). Segmenting those into words needs a
+  dictionary per language; single characters are what CJK near-duplicate detection commonly
+  uses, and w of them in a row (a character w-gram) is a shingle as specific as a short
+  phrase.
+
+Nothing here creates a Python object per token: the text becomes one uint32 array of code
+points, a 1.1 MB lookup table classifies every code point, and token hashes come out of
+numpy reductions.
+"""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .hashing import U64, mix64
+
+SEP, WORD, SOLO = 0, 1, 2
+_SOLO_RANGES = (
+    (0x0E00, 0x0EFF),  # Thai, Lao
+    (0x0F00, 0x0FFF),  # Tibetan
+    (0x1000, 0x109F),  # Myanmar
+    (0x1780, 0x17FF),  # Khmer
+    (0x2E80, 0x2FDF),  # CJK radicals
+    (0x3040, 0x30FF),  # Hiragana, Katakana
+    (0x3100, 0x31BF),  # Bopomofo
+    (0x31F0, 0x31FF),  # Katakana extensions
+    (0x3400, 0x4DBF),  # CJK extension A
+    (0x4E00, 0x9FFF),  # CJK unified ideographs
+    (0xF900, 0xFAFF),  # CJK compatibility ideographs
+    (0xFF66, 0xFF9F),  # half-width Katakana
+    (0x20000, 0x3134F),  # CJK extensions B..G
+)
+
+
+@lru_cache(maxsize=1)
+def char_classes() -> np.ndarray:
+    """SEP/WORD/SOLO for every code point (built once per process, ~0.3 s)."""
+    table = np.zeros(sys.maxunicode + 1, dtype=np.uint8)
+    for cp in range(sys.maxunicode + 1):
+        cat = unicodedata.category(chr(cp))
+        if cat[0] in "LNM":
+            table[cp] = WORD
+    for lo, hi in _SOLO_RANGES:
+        seg = table[lo : hi + 1]
+        seg[seg == WORD] = SOLO
+    return table
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """The canonical text of a page and its token hashes."""
+
+    codepoints: np.ndarray  # uint32: canonical text, one space between tokens (none in SOLO runs)
+    hashes: np.ndarray  # uint64: one per token, in order
+
+    @property
+    def text(self) -> str:
+        return self.codepoints.tobytes().decode("utf-32-le")
+
+    def __len__(self) -> int:
+        return int(self.hashes.shape[0])
+
+
+_EMPTY_U32 = np.zeros(0, dtype=np.uint32)
+_EMPTY_U64 = np.zeros(0, dtype=np.uint64)
+_POS_SALT = U64(0x9E3779B97F4A7C15)
+
+
+def tokenize(visible_text: str) -> Tokens:
+    """Visible text → canonical code points and one 64-bit hash per token."""
+    text = unicodedata.normalize("NFKC", visible_text).lower()
+    if not text:
+        return Tokens(_EMPTY_U32, _EMPTY_U64)
+    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+    cls = char_classes()[np.minimum(cp, sys.maxunicode)]
+    word = cls != SEP
+    if not word.any():
+        return Tokens(_EMPTY_U32, _EMPTY_U64)
+    solo = cls == SOLO
+    prev_word = np.concatenate(([False], word[:-1]))
+    prev_solo = np.concatenate(([False], solo[:-1]))
+    start = word & (~prev_word | solo | prev_solo)
+
+    # Canonical text: word characters, plus one space where a separator run follows a word.
+    # Spaces are not added between SOLO characters (CJK stays as written).
+    keep = word | (~word & prev_word)
+    canon = np.where(word, cp, np.uint32(32))[keep]
+    if canon[-1] == 32:
+        canon = canon[:-1]
+
+    # Token hash: mix each character with its offset inside the token, add, mix again.
+    wcp = cp[word].astype(np.uint64)
+    wstart = start[word]
+    token_of = np.cumsum(wstart) - 1
+    first_index = np.flatnonzero(wstart)
+    offset = np.arange(wcp.shape[0], dtype=np.uint64) - first_index[token_of].astype(np.uint64)
+    per_char = mix64(wcp + (offset + U64(1)) * _POS_SALT)
+    sums = np.add.reduceat(per_char, first_index)
+    return Tokens(np.ascontiguousarray(canon), mix64(sums))
+
+
+def token_strings(tokens: Tokens) -> list[str]:
+    """The tokens as strings (tests and debugging only: one object per token)."""
+    out: list[str] = []
+    for part in tokens.text.split(" "):
+        if not part:
+            continue
+        chars = np.frombuffer(part.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+        cls = char_classes()[chars]
+        buf = ""
+        for ch, c in zip(part, cls, strict=True):
+            if c == SOLO:
+                if buf:
+                    out.append(buf)
+                    buf = ""
+                out.append(ch)
+            else:
+                buf += ch
+        if buf:
+            out.append(buf)
+    return out

@@ -1,0 +1,75 @@
+"""The FeatureIndex seam: what the pipeline needs from any index backend.
+
+A backend stores, for every kept page, its k features (feature -> page ids), its raw and
+canonical fingerprints (fingerprint -> first page id) and the document record that
+verification reads (url, full sketch, LD signature, canonical length). Page ids are dense
+and increase with insertion order, so "earlier page" means "smaller id".
+
+Every index is stamped with the sketch Params it was built under; opening it with other
+Params raises IndexMismatchError, because features of different Params mean nothing to
+each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+RAW, CANONICAL = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredDoc:
+    url: str
+    features: np.ndarray  # uint64[k]
+    sketch: np.ndarray  # uint32[k*s]
+    ld_signature: bytes
+    text_length: int
+    raw_fp: int
+    canonical_fp: int
+    fetched_at: str | None = None
+
+
+@runtime_checkable
+class FeatureIndex(Protocol):
+    stamp: int
+
+    def __len__(self) -> int:
+        """Pages held."""
+        ...
+
+    def first_with(self, layer: int, fingerprint: int) -> int | None:
+        """Earliest page id with this RAW or CANONICAL fingerprint, or None."""
+        ...
+
+    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
+        """(page id, shared features) for pages sharing >= min_shared features,
+        most shared first, then earliest first."""
+        ...
+
+    def insert(self, doc: StoredDoc) -> int:
+        """Store a kept page; returns its page id."""
+        ...
+
+    def doc(self, page_id: int) -> StoredDoc:
+        """The document record of a stored page."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Pages, entries and bytes held (for operators and benchmarks)."""
+        ...
+
+
+def rank_candidates(page_ids: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
+    """Count how often each page id occurs among the posting lists of a page's features."""
+    if page_ids.shape[0] == 0:
+        return []
+    ids, counts = np.unique(page_ids, return_counts=True)
+    hit = counts >= min_shared
+    if not hit.any():
+        return []
+    ids, counts = ids[hit], counts[hit]
+    order = np.lexsort((ids, -counts))
+    return [(int(ids[i]), int(counts[i])) for i in order]

@@ -1,0 +1,166 @@
+"""In-memory index: sorted numpy runs instead of a dict per key.
+
+A Python dict costs ~130 bytes per key; six features per page would cost ~800 bytes per
+page. Here a (key, page id) pair costs 12 bytes: new pairs go to a small dict (the
+memtable); when it fills it is sorted into a run of two numpy arrays (uint64 keys, uint32
+ids), and runs of similar size are merged, as in an LSM tree, so a lookup searches a few
+sorted runs (np.searchsorted on all k features at once). Merging is also where posting
+lists are capped: a feature keeps only its `cap` most recent pages (or, for the exact
+layers, its first page).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import IndexMismatchError
+from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+
+_MEMTABLE_MAX = 8192
+
+
+class SortedRunMultimap:
+    """uint64 key -> page ids (uint32), ascending ids per key, capped per key."""
+
+    def __init__(self, cap: int, keep: str = "last") -> None:
+        if keep not in ("first", "last"):
+            raise ValueError("keep must be 'first' or 'last'")
+        self.cap = cap
+        self.keep = keep
+        self._mem: dict[int, list[int]] = {}
+        self._mem_entries = 0
+        self._runs: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def add(self, key: int, value: int) -> None:
+        bucket = self._mem.setdefault(key, [])
+        if self.keep == "first" and len(bucket) >= self.cap:
+            return
+        bucket.append(value)
+        if self.keep == "last" and len(bucket) > self.cap:
+            del bucket[0]
+        else:
+            self._mem_entries += 1
+        if self._mem_entries >= _MEMTABLE_MAX:
+            self.flush()
+
+    def get_many(self, keys: np.ndarray) -> np.ndarray:
+        """All stored values of all keys (concatenated; a value may repeat across keys)."""
+        parts: list[np.ndarray] = []
+        for run_keys, run_vals in self._runs:
+            lo = np.searchsorted(run_keys, keys, side="left")
+            hi = np.searchsorted(run_keys, keys, side="right")
+            for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+                if b > a:
+                    parts.append(run_vals[max(a, b - self.cap) : b])
+        for key in keys.tolist():
+            bucket = self._mem.get(key)
+            if bucket:
+                parts.append(np.asarray(bucket, dtype=np.uint32))
+        if not parts:
+            return np.zeros(0, dtype=np.uint32)
+        return np.concatenate(parts)
+
+    def first(self, key: int) -> int | None:
+        probe = np.array([key], dtype=np.uint64)
+        for run_keys, run_vals in self._runs:  # older runs first: the earliest id wins
+            i = int(np.searchsorted(run_keys, probe)[0])
+            if i < run_keys.shape[0] and run_keys[i] == probe[0]:
+                return int(run_vals[i])
+        bucket = self._mem.get(key)
+        return bucket[0] if bucket else None
+
+    def flush(self) -> None:
+        if not self._mem:
+            return
+        keys = np.fromiter(
+            (k for k, vs in self._mem.items() for _ in vs), dtype=np.uint64, count=self._mem_entries
+        )
+        vals = np.fromiter(
+            (v for vs in self._mem.values() for v in vs), dtype=np.uint32, count=self._mem_entries
+        )
+        self._mem.clear()
+        self._mem_entries = 0
+        order = np.argsort(keys, kind="stable")
+        self._runs.append((keys[order], vals[order]))
+        while len(self._runs) >= 2 and self._runs[-1][0].shape[0] * 4 >= self._runs[-2][0].shape[0]:
+            newer = self._runs.pop()
+            older = self._runs.pop()
+            self._runs.append(self._merge(older, newer))
+
+    def _merge(
+        self, older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        keys = np.concatenate((older[0], newer[0]))
+        vals = np.concatenate((older[1], newer[1]))
+        order = np.argsort(keys, kind="stable")  # stable: older ids stay before newer ones
+        keys, vals = keys[order], vals[order]
+        if keys.shape[0] == 0:
+            return keys, vals
+        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+        lengths = np.diff(np.append(starts, keys.shape[0]))
+        rank = np.arange(keys.shape[0]) - np.repeat(starts, lengths)
+        if self.keep == "first":
+            keep = rank < self.cap
+        else:
+            keep = rank >= np.repeat(lengths, lengths) - self.cap
+        return keys[keep], vals[keep]
+
+    def __len__(self) -> int:
+        return self._mem_entries + sum(k.shape[0] for k, _ in self._runs)
+
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self._runs) + self._mem_entries * 12
+
+
+class MemoryIndex:
+    """The default backend. Holds everything in this process; gone when it exits."""
+
+    def __init__(self, stamp: int, max_posting: int = 64) -> None:
+        self.stamp = stamp
+        self._features = SortedRunMultimap(cap=max_posting, keep="last")
+        self._exact = (SortedRunMultimap(cap=1, keep="first"), SortedRunMultimap(1, "first"))
+        self._docs: list[StoredDoc] = []
+
+    def check_stamp(self, stamp: int) -> None:
+        if stamp != self.stamp:
+            raise IndexMismatchError(
+                f"index was built with sketch parameters {self.stamp:#x}, not {stamp:#x}"
+            )
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def first_with(self, layer: int, fingerprint: int) -> int | None:
+        return self._exact[layer].first(fingerprint)
+
+    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
+        # A page holds each of its k features once (group ids are hashed in), so the
+        # number of times its id comes back is the number of features it shares.
+        return rank_candidates(self._features.get_many(features), min_shared)
+
+    def insert(self, doc: StoredDoc) -> int:
+        page_id = len(self._docs)
+        self._docs.append(doc)
+        for feature in doc.features.tolist():
+            self._features.add(feature, page_id)
+        self._exact[RAW].add(doc.raw_fp, page_id)
+        if doc.text_length > 0:
+            self._exact[CANONICAL].add(doc.canonical_fp, page_id)
+        return page_id
+
+    def doc(self, page_id: int) -> StoredDoc:
+        return self._docs[page_id]
+
+    def stats(self) -> dict[str, float]:
+        pages = len(self._docs)
+        index_bytes = self._features.nbytes() + sum(m.nbytes() for m in self._exact)
+        doc_bytes = sum(
+            d.sketch.nbytes + d.features.nbytes + len(d.ld_signature) + len(d.url) for d in self._docs
+        )
+        return {
+            "pages": pages,
+            "feature_entries": len(self._features),
+            "index_bytes": index_bytes,
+            "index_bytes_per_page": index_bytes / pages if pages else 0.0,
+            "doc_store_bytes": doc_bytes,
+        }

@@ -1,0 +1,269 @@
+"""The only place the dedup steps are sequenced: Page -> Decision.
+
+    raw fingerprint ──match──> drop "exact"
+    canonicalize ─> canonical fingerprint ──match──> drop "canonical"
+    (fewer than min_shingles shingles: keep "unique", short=True; exact layers only)
+    shingles ─> sketch ─> features ─> index.candidates(>= r shared)
+        none ─> keep "unique"
+        some ─> sampled? verify best candidates (resemblance + estimated LD)
+                   passes ─> drop "near" (verified)      fails ─> keep "verified-distinct"
+                not sampled ─> drop "near" (unverified)
+    kept pages are inserted into the index; dropped ones are not (no drift by chaining).
+
+`analyze` is pure and stateless (it can run in a worker process); `Deduplicator.decide`
+owns the index and must see pages in order. `check` = both, skipping the sketch when an
+exact layer already matched. Replay and the Kafka service both go through this module.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+import xxhash
+
+from .config import Settings
+from .core import ldsig
+from .core.canonical import canonicalize
+from .core.sketch import Sketcher, resemblance
+from .core.tokens import Tokens
+from .errors import PageError
+from .index.base import CANONICAL, RAW, FeatureIndex, StoredDoc
+from .index.memory import MemoryIndex
+from .models import (
+    CANONICAL as R_CANONICAL,
+)
+from .models import (
+    EXACT,
+    NEAR,
+    UNIQUE,
+    VERIFIED_DISTINCT,
+    Decision,
+    DuplicateOf,
+    Page,
+    Rejected,
+)
+
+_U64_SPAN = float(1 << 64)
+
+
+@dataclass(frozen=True, slots=True)
+class Analysis:
+    """What the pure stages compute for one page (picklable: crosses process pools)."""
+
+    page: Page
+    raw_fp: int
+    canonical_fp: int | None = None
+    text_length: int = 0
+    shingle_count: int = 0
+    sketch: np.ndarray | None = None
+    features: np.ndarray | None = None
+    ld_signature: bytes = b""
+    error: PageError | None = None
+
+
+def raw_fingerprint(body: bytes) -> int:
+    return xxhash.xxh3_64_intdigest(body)
+
+
+class Analyzer:
+    """The pure part: bytes to fingerprints, sketch and features. No index, no I/O."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.sketcher = Sketcher(settings.params)
+
+    def analyze(self, page: Page) -> Analysis:
+        """All pure stages for one page (what a worker process runs)."""
+        a, tokens = self.canonical(page)
+        return a if tokens is None else self.finish(a, tokens)
+
+    def canonical(self, page: Page) -> tuple[Analysis, Tokens | None]:
+        """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
+        raw_fp = raw_fingerprint(page.body)
+        limit = self.settings.max_page_bytes
+        if len(page.body) > limit:
+            err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")
+            return Analysis(page, raw_fp, error=err), None
+        try:
+            tokens = canonicalize(
+                page.body, page.header("content-type"), boilerplate=self.settings.boilerplate
+            )
+        except PageError as err:
+            return Analysis(page, raw_fp, error=err), None
+        except Exception as exc:  # a parser bug must reject one page, not stop the stream
+            return Analysis(page, raw_fp, error=PageError("parse-error", repr(exc))), None
+        a = Analysis(
+            page,
+            raw_fp,
+            xxhash.xxh3_64_intdigest(tokens.codepoints.tobytes()),
+            text_length=int(tokens.codepoints.shape[0]),
+            shingle_count=max(0, len(tokens) - self.settings.shingle_words + 1),
+        )
+        return a, tokens
+
+    def finish(self, a: Analysis, tokens: Tokens) -> Analysis:
+        """Sketch, features and LD signature (skipped for short pages)."""
+        if a.shingle_count < self.settings.min_shingles:
+            return a
+        sk = self.sketcher.sketch(self.sketcher.shingles(tokens.hashes))
+        sig = ldsig.signature(tokens.codepoints, self.settings.ld_c, self.settings.ld_n)
+        return replace(a, sketch=sk, features=self.sketcher.features(sk), ld_signature=sig)
+
+
+@dataclass
+class Counters:
+    """Running totals for summaries (and, later, metrics)."""
+
+    pages: int = 0
+    decisions: Counter[tuple[str, str]] | None = None
+    verify: Counter[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.decisions = Counter()
+        self.verify = Counter()
+
+
+class Deduplicator:
+    """Decides keep/drop for a stream of pages, remembering the kept ones.
+
+    >>> dd = Deduplicator()
+    >>> dd.check_html("http://a/", "<p>hello</p>").decision
+    'keep'
+    """
+
+    def __init__(self, settings: Settings | None = None, index: FeatureIndex | None = None) -> None:
+        self.settings = settings or Settings()
+        self.analyzer = Analyzer(self.settings)
+        self.index: FeatureIndex = index or MemoryIndex(
+            self.settings.params.stamp, self.settings.max_posting
+        )
+        self.counters = Counters()
+
+    # --- public API ------------------------------------------------------------------
+    def check(self, page: Page) -> Decision:
+        """Decide one page (and remember it if kept). Sketches only when it must."""
+        first = self.index.first_with(RAW, raw_fingerprint(page.body))
+        if first is not None:
+            return self._record(self._dup(page, EXACT, first))
+        a, tokens = self.analyzer.canonical(page)
+        if tokens is not None and not self._canonical_match(a):
+            a = self.analyzer.finish(a, tokens)
+        return self.decide(a)
+
+    def check_html(self, url: str, html: str | bytes, content_type: str | None = None) -> Decision:
+        body = html.encode("utf-8") if isinstance(html, str) else html
+        if content_type is None and isinstance(html, str):
+            content_type = "text/html; charset=utf-8"
+        headers = (("Content-Type", content_type),) if content_type else ()
+        return self.check(Page(url=url, body=body, headers=headers))
+
+    def check_many(self, items: Iterable[Page | Rejected]) -> Iterator[Decision]:
+        """Decisions for a stream of pages (and records already rejected by a reader)."""
+        for item in items:
+            yield self.reject(item) if isinstance(item, Rejected) else self.check(item)
+
+    def reject(self, item: Rejected) -> Decision:
+        return self._record(
+            Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
+        )
+
+    # --- the ordered, stateful part ---------------------------------------------------
+    def decide(self, a: Analysis) -> Decision:
+        page, s = a.page, self.settings
+        if a.error is not None:
+            return self.reject(Rejected(page.url, a.error.kind, a.error.message, page.source))
+        first = self.index.first_with(RAW, a.raw_fp)
+        if first is not None:
+            return self._record(self._dup(page, EXACT, first))
+        first = self._canonical_match(a)
+        if first is not None:
+            return self._record(self._dup(page, R_CANONICAL, first))
+        if a.shingle_count < s.min_shingles:
+            return self._record(self._keep(a, UNIQUE, short=True))
+        if a.sketch is None:  # analysis stopped early (e.g. check() after a cheap pass)
+            raise ValueError("decide() needs a sketched Analysis for a long page")
+        assert a.features is not None
+        found = self.index.candidates(a.features, s.threshold)
+        if not found:
+            return self._record(self._keep(a, UNIQUE))
+        if not self._sampled(a.canonical_fp):
+            assert self.counters.verify is not None
+            self.counters.verify["unsampled"] += 1
+            best, shared = found[0]
+            return self._record(self._dup(page, NEAR, best, shared=shared))
+        return self._record(self._verify(a, found))
+
+    # --- helpers ----------------------------------------------------------------------
+    def _canonical_match(self, a: Analysis) -> int | None:
+        # Pages without visible text are not "the same text" as each other.
+        if a.text_length == 0 or a.canonical_fp is None:
+            return None
+        return self.index.first_with(CANONICAL, a.canonical_fp)
+
+    def _sampled(self, canonical_fp: int) -> bool:
+        # Deterministic per page: the same page is sampled in every replay and after a
+        # re-delivery, so decisions are reproducible.
+        rate = self.settings.verify_rate
+        return rate >= 1.0 or (rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate)
+
+    def _verify(self, a: Analysis, found: list[tuple[int, int]]) -> Decision:
+        s = self.settings
+        assert a.sketch is not None and self.counters.verify is not None
+        best_seen: tuple[float, float] | None = None
+        for page_id, shared in found[: s.verify_max_candidates]:
+            doc = self.index.doc(page_id)
+            res = resemblance(a.sketch, doc.sketch)
+            ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
+            ratio = ldsig.ratio(ld, a.text_length, doc.text_length)
+            if best_seen is None:
+                best_seen = (res, float(ld))
+            if res >= s.verify_min_resemblance and ratio <= s.verify_max_ld_ratio:
+                self.counters.verify["confirmed"] += 1
+                return Decision(
+                    a.page.url, "drop", NEAR, duplicate_of=DuplicateOf(page_id, doc.url),
+                    shared_features=shared, resemblance=res, ld_estimate=float(ld),
+                    verified=True, source=a.page.source,
+                )
+        self.counters.verify["overturned"] += 1
+        assert best_seen is not None
+        return self._keep(
+            a, VERIFIED_DISTINCT, shared=found[0][1], resemblance=best_seen[0], ld=best_seen[1]
+        )
+
+    def _keep(
+        self, a: Analysis, reason: str, *, short: bool = False, shared: int = 0,
+        resemblance: float | None = None, ld: float | None = None,
+    ) -> Decision:
+        assert a.canonical_fp is not None
+        empty = np.zeros(0, dtype=np.uint64)
+        page_id = self.index.insert(
+            StoredDoc(
+                url=a.page.url,
+                features=a.features if a.features is not None else empty,
+                sketch=a.sketch if a.sketch is not None else np.zeros(0, dtype=np.uint32),
+                ld_signature=a.ld_signature,
+                text_length=a.text_length,
+                raw_fp=a.raw_fp,
+                canonical_fp=a.canonical_fp,
+                fetched_at=a.page.fetched_at,
+            )
+        )
+        return Decision(
+            a.page.url, "keep", reason, page_id=page_id, shared_features=shared,
+            resemblance=resemblance, ld_estimate=ld, short=short, source=a.page.source,
+        )
+
+    def _dup(self, page: Page, reason: str, first: int, shared: int = 0) -> Decision:
+        return Decision(
+            page.url, "drop", reason, duplicate_of=DuplicateOf(first, self.index.doc(first).url),
+            shared_features=shared, source=page.source,
+        )
+
+    def _record(self, d: Decision) -> Decision:
+        assert self.counters.decisions is not None
+        self.counters.pages += 1
+        self.counters.decisions[(d.decision, d.reason)] += 1
+        return d

@@ -17,8 +17,10 @@ exact layer already matched. Replay and the Kafka service both go through this m
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -113,6 +115,28 @@ class Analyzer:
         return replace(a, sketch=sk, features=self.sketcher.features(sk), ld_signature=sig)
 
 
+_WORKER: Analyzer | None = None
+
+
+def _worker_init(settings: Settings) -> None:
+    global _WORKER
+    _WORKER = Analyzer(settings)
+
+
+def _worker_analyze(page: Page) -> Analysis:
+    assert _WORKER is not None, "analysis_pool() initializes every worker"
+    return _WORKER.analyze(page)
+
+
+def analysis_pool(settings: Settings, workers: int) -> ProcessPoolExecutor:
+    """Worker processes for the pure stages (parse, shingle, sketch): both cores busy
+    while the ordered, stateful decide step stays in the caller."""
+    ctx = multiprocessing.get_context("forkserver")
+    return ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_worker_init, initargs=(settings,)
+    )
+
+
 @dataclass
 class Counters:
     """Running totals for summaries (and, later, metrics)."""
@@ -165,6 +189,31 @@ class Deduplicator:
         for item in items:
             yield self.reject(item) if isinstance(item, Rejected) else self.check(item)
 
+    def check_batch(
+        self, items: Sequence[Page | Rejected], pool: Executor | None = None
+    ) -> list[Decision]:
+        """Decisions for a batch, in order; the pure stages may run in `pool` (see
+        `analysis_pool`). Gives exactly the decisions `check` would give one by one."""
+        todo = [
+            item
+            for item in items
+            if isinstance(item, Page) and not self._stored(raw_fingerprint(item.body))
+        ]
+        if pool is None or len(todo) < 2:
+            analyses = [self.analyzer.analyze(p) for p in todo]
+        else:
+            analyses = list(pool.map(_worker_analyze, todo, chunksize=max(1, len(todo) // 16)))
+        by_identity = {id(p): a for p, a in zip(todo, analyses, strict=True)}
+        out = []
+        for item in items:
+            if isinstance(item, Rejected):
+                out.append(self.reject(item))
+            elif id(item) in by_identity:
+                out.append(self.decide(by_identity[id(item)]))
+            else:
+                out.append(self.check(item))  # an exact copy of a page already stored
+        return out
+
     def reject(self, item: Rejected) -> Decision:
         return self._record(
             Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
@@ -197,6 +246,9 @@ class Deduplicator:
         return self._record(self._verify(a, found))
 
     # --- helpers ----------------------------------------------------------------------
+    def _stored(self, raw_fp: int) -> bool:
+        return self.index.first_with(RAW, raw_fp) is not None
+
     def _canonical_match(self, a: Analysis) -> int | None:
         # Pages without visible text are not "the same text" as each other.
         if a.text_length == 0 or a.canonical_fp is None:

@@ -9,8 +9,11 @@ from rapidfuzz.distance import Levenshtein
 from stream_dedup.core import ldsig
 from stream_dedup.core.tokens import tokenize
 
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi "
-         "rho sigma tau upsilon phi chi psi omega crawl page index filter shingle sketch").split()
+_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
+WORDS = [
+    "".join(random.Random(i).choices(_LETTERS, weights=range(26, 0, -1), k=2 + i % 8))
+    for i in range(3000)
+]
 
 
 def _text(rng: random.Random, words: int) -> str:

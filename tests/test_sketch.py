@@ -21,8 +21,12 @@ def sketcher(request: pytest.FixtureRequest) -> Sketcher:
 
 
 @settings(max_examples=40, deadline=None)
-@given(tokens=st.lists(U64, min_size=0, max_size=60), family=st.sampled_from(FAMILIES),
-       w=st.integers(1, 9), seed=st.integers(0, 2**32))
+@given(
+    tokens=st.lists(U64, min_size=0, max_size=60),
+    family=st.sampled_from(FAMILIES),
+    w=st.integers(1, 9),
+    seed=st.integers(0, 2**32),
+)
 def test_fast_sketch_equals_reference(tokens: list[int], family: str, w: int, seed: int) -> None:
     sk = Sketcher(Params(family=family, shingle_words=w, seed=seed, groups=3, group_size=5))
     fast = sk.sketch(sk.shingles(np.array(tokens, dtype=np.uint64)))

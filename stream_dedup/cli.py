@@ -1,0 +1,196 @@
+"""`stream-dedup replay | curve | sample`: parse arguments -> Settings -> run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import __version__
+from .config import Settings
+from .core import theory
+from .errors import StreamDedupError
+
+EPILOG_REPLAY = """\
+examples:
+  stream-dedup sample demo/                      # build a synthetic crawl to try it on
+  stream-dedup replay demo/sample.warc.gz demo/sample.jsonl -o decisions.jsonl
+  stream-dedup replay crawl-*.warc.gz --workers 2 --summary-json summary.json -o -
+  stream-dedup replay pages.jsonl --verify-rate 0.1 --boilerplate -o out.jsonl
+
+inputs: WARC and ARC files (gzipped or not) and JSONL pages, one object a line:
+  {"url": ..., "html": "<html>..."}  or  {"url": ..., "body_b64": "..."}
+  optional: "fetched_at", "status", "headers" ({"Content-Type": ...}).
+Only HTTP responses with an HTML content type are pages; other records are skipped and
+counted. A bad record or line becomes a "reject" decision; the replay goes on.
+
+every setting can also come from the environment (STREAM_DEDUP_<NAME>, e.g.
+STREAM_DEDUP_VERIFY_RATE=0.5) or a TOML file (--config); flags win over both.
+"""
+
+
+def _engine_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("filter (defaults: Broder's 6 features of 14 min-hashes, r=2)")
+    g.add_argument("--config", metavar="FILE", help="TOML file with settings")
+    g.add_argument("--shingle-words", type=int, metavar="W",
+                   help="words per shingle (default 8)")
+    g.add_argument("--groups", type=int, metavar="K", help="features per page (default 6)")
+    g.add_argument("--group-size", type=int, metavar="S",
+                   help="min-hashes per feature (default 14)")
+    g.add_argument("--threshold", type=int, metavar="R",
+                   help="shared features that make a near-duplicate (default 2)")
+    g.add_argument("--seed", type=lambda v: int(v, 0), help="seed of the hash permutations")
+    g.add_argument("--hash-family", choices=["affine64", "mix64"],
+                   help="min-hash permutation family (default affine64)")
+    g.add_argument("--boilerplate", action="store_true", default=None,
+                   help="drop navigation, headers, footers and link lists before hashing")
+    g.add_argument("--min-shingles", type=int, metavar="N",
+                   help="pages with fewer shingles use only the exact layers (default 25)")
+    g.add_argument("--max-page-bytes", type=int, metavar="N",
+                   help="reject larger pages (default 8 MiB)")
+    v = parser.add_argument_group("verification of near-duplicate candidates")
+    v.add_argument("--verify-rate", type=float, metavar="P",
+                   help="share of candidates verified, 0..1 (default 1.0)")
+    v.add_argument("--verify-min-resemblance", type=float, metavar="X",
+                   help="full-sketch resemblance needed to confirm (default 0.80)")
+    v.add_argument("--verify-max-ld-ratio", type=float, metavar="X",
+                   help="estimated Levenshtein distance / length allowed (default 0.20)")
+    v.add_argument("--ld-c", type=int, metavar="C", help="LD signature compression (default 32)")
+    v.add_argument("--ld-n", type=int, metavar="N", help="LD signature window (default 4)")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {name: getattr(args, name, None) for name in Settings.names()}
+    return Settings.load(config_file=args.config, overrides=overrides)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    from .replay import replay
+    from .sinks import JsonlSink
+
+    settings = _settings(args)
+    missing = [p for p in args.inputs if not Path(p).exists()]
+    if missing and not args.keep_going:
+        print(f"stream-dedup: no such input file(s): {', '.join(missing)}", file=sys.stderr)
+        return 2
+    dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
+    progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    try:
+        summary = replay(args.inputs, JsonlSink(args.output), settings, workers=args.workers,
+                         dead_letter=dead, progress=progress)
+    finally:
+        if dead is not None:
+            dead.close()
+    if not args.quiet:
+        print(summary.render(), file=sys.stderr)
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+    return 0
+
+
+def _curve(args: argparse.Namespace) -> int:
+    k, s, r = args.groups, args.group_size, args.threshold
+    rows = theory.curve(k, s, r, points=args.points, lo=args.low, hi=args.high)
+    print(f"P_{{{k},{s},{r}}}(rho): probability that pages of resemblance rho share >= {r} "
+          f"of {k} features of {s} min-hashes")
+    print(f"50% point rho = {theory.half_point(k, s, r):.4f}; steepest for s={s} at "
+          f"rho = {theory.steepest_point(s):.4f}")
+    print(f"{'rho':>6}  {'P(drop)':>10}")
+    for rho, p in rows:
+        print(f"{rho:6.3f}  {p:10.6f}  {'#' * round(p * 40)}")
+    if args.png:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("stream-dedup: --png needs matplotlib (pip install 'stream-dedup[plot]')",
+                  file=sys.stderr)
+            return 2
+        fine = theory.curve(k, s, r, points=401)
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([x for x, _ in fine], [y for _, y in fine])
+        ax.axvline(theory.half_point(k, s, r), ls=":", c="gray")
+        ax.set(xlabel="resemblance rho", ylabel="P(share >= r features)",
+               title=f"P_{{{k},{s},{r}}}")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(args.png, dpi=120)
+        print(f"wrote {args.png}", file=sys.stderr)
+    return 0
+
+
+def _sample(args: argparse.Namespace) -> int:
+    from .sample import write_sample
+
+    warc, jsonl, pages = write_sample(Path(args.directory), seed=args.seed)
+    print(f"wrote {warc} and {jsonl} ({len(pages)} pages, plus non-HTML and broken records)")
+    print(f"try:  stream-dedup replay {warc} {jsonl} -o decisions.jsonl")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stream-dedup",
+        description="Streaming near-duplicate filter for web crawls: keep or drop every page "
+        "(exact copy, same text, or near-duplicate of a page seen before) and say why.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    rp = sub.add_parser("replay", help="decide every page of captured crawls (WARC/ARC/JSONL)",
+                        description="Replay captured crawls through the dedup pipeline and "
+                        "write one JSON decision per input page, in input order.",
+                        epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
+    rp.add_argument("inputs", nargs="+", metavar="FILE", help="WARC/ARC/JSONL files, in order")
+    rp.add_argument("-o", "--output", required=True, metavar="FILE",
+                    help="decisions as JSON lines ('-' for stdout)")
+    rp.add_argument("--dead-letter", metavar="FILE",
+                    help="also write rejected inputs (error + original bytes) as JSON lines")
+    rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
+    rp.add_argument("--workers", type=int, default=1, metavar="N",
+                    help="processes for parsing and sketching (default 1)")
+    rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: when stderr is a terminal)")
+    rp.add_argument("--keep-going", action="store_true",
+                    help="treat missing input files as rejects instead of exiting with 2")
+    rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
+    _engine_flags(rp)
+    rp.set_defaults(func=_replay)
+
+    cp = sub.add_parser("curve", help="print (or plot) the filter's acceptance curve P_{k,s,r}",
+                        description="The probability that two pages of resemblance rho share "
+                        "at least r of k features of s min-hashes (Broder 2000).")
+    cp.add_argument("-k", "--groups", type=int, default=6, help="features per page (6)")
+    cp.add_argument("-s", "--group-size", type=int, default=14, help="min-hashes a feature (14)")
+    cp.add_argument("-r", "--threshold", type=int, default=2, help="shared features needed (2)")
+    cp.add_argument("--points", type=int, default=21, help="rows in the table (21)")
+    cp.add_argument("--low", type=float, default=0.5, help="smallest rho shown (0.5)")
+    cp.add_argument("--high", type=float, default=1.0, help="largest rho shown (1.0)")
+    cp.add_argument("--png", metavar="FILE", help="also plot the curve to a PNG")
+    cp.set_defaults(func=_curve)
+
+    sp = sub.add_parser("sample", help="write a synthetic crawl (WARC + JSONL) to try replay on")
+    sp.add_argument("directory", help="where to write sample.warc.gz and sample.jsonl")
+    sp.add_argument("--seed", type=int, default=7)
+    sp.set_defaults(func=_sample)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except StreamDedupError as exc:
+        print(f"stream-dedup: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("stream-dedup: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""One contract, every backend in SUPPORTED_INDEXES."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from stream_dedup.index import CANONICAL, RAW, SUPPORTED_INDEXES, FeatureIndex, StoredDoc
+from stream_dedup.index.memory import SortedRunMultimap
+
+
+def _doc(
+    features: list[int], raw: int = 0, canon: int = 0, url: str = "u", text: int = 10
+) -> StoredDoc:
+    return StoredDoc(
+        url=url,
+        features=np.array(features, dtype=np.uint64),
+        sketch=np.zeros(84, np.uint32),
+        ld_signature=b"sig",
+        text_length=text,
+        raw_fp=raw,
+        canonical_fp=canon,
+    )
+
+
+@pytest.fixture(params=sorted(SUPPORTED_INDEXES))
+def make_index(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    return lambda cap=64: SUPPORTED_INDEXES[request.param](1234, cap)
+
+
+def test_insert_returns_dense_ids_and_docs_round_trip(make_index) -> None:  # type: ignore[no-untyped-def]
+    index: FeatureIndex = make_index()
+    ids = [index.insert(_doc([i, i + 100], url=f"http://x/{i}")) for i in range(5)]
+    assert ids == [0, 1, 2, 3, 4]
+    assert len(index) == 5
+    assert index.doc(3).url == "http://x/3"
+    assert index.doc(3).features.tolist() == [3, 103]
+    assert index.stamp == 1234
+
+
+def test_exact_layers_return_the_earliest_page(make_index) -> None:  # type: ignore[no-untyped-def]
+    index: FeatureIndex = make_index()
+    index.insert(_doc([1], raw=10, canon=20))
+    index.insert(_doc([2], raw=11, canon=20))
+    assert index.first_with(RAW, 10) == 0
+    assert index.first_with(RAW, 11) == 1
+    assert index.first_with(CANONICAL, 20) == 0
+    assert index.first_with(RAW, 99) is None
+    index.insert(_doc([3], raw=12, canon=21, text=0))  # no text: no canonical entry
+    assert index.first_with(CANONICAL, 21) is None
+
+
+def test_candidates_count_shared_features(make_index) -> None:  # type: ignore[no-untyped-def]
+    index: FeatureIndex = make_index()
+    index.insert(_doc([1, 2, 3, 4, 5, 6]))
+    index.insert(_doc([1, 2, 30, 40, 50, 60]))
+    index.insert(_doc([1, 20, 30, 40, 50, 60]))
+    query = np.array([1, 2, 3, 40, 77, 88], dtype=np.uint64)
+    assert index.candidates(query, 2) == [(0, 3), (1, 3), (2, 2)]
+    assert index.candidates(query, 3) == [(0, 3), (1, 3)]
+    assert index.candidates(np.array([9, 99], dtype=np.uint64), 1) == []
+
+
+def test_posting_lists_are_capped_to_the_most_recent(make_index) -> None:  # type: ignore[no-untyped-def]
+    index: FeatureIndex = make_index(cap=4)
+    for i in range(20_000):  # enough to flush and merge runs several times
+        index.insert(_doc([7, 1_000_000 + i], raw=i, canon=i))
+    found = index.candidates(np.array([7], dtype=np.uint64), 1)
+    ids = sorted(pid for pid, _ in found)
+    assert len(ids) <= 8  # at most cap per run still unmerged plus cap in the memtable
+    assert ids[-1] == 19_999
+    assert index.first_with(RAW, 5) == 5
+    assert index.candidates(np.array([1_000_000 + 12_345, 7], dtype=np.uint64), 1)[0] == (12_345, 1)
+
+
+def test_random_workload_matches_a_plain_dict_model(make_index) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(5)
+    index: FeatureIndex = make_index(cap=1_000_000)
+    model: dict[int, list[int]] = {}
+    for pid in range(30_000):
+        feats = rng.sample(range(5_000), 3)
+        index.insert(_doc(feats, raw=pid, canon=pid))
+        for f in feats:
+            model.setdefault(f, []).append(pid)
+        if pid % 2_999 == 0:
+            q = rng.sample(range(5_000), 3)
+            counts: dict[int, int] = {}
+            for f in q:
+                for p in model.get(f, []):
+                    counts[p] = counts.get(p, 0) + 1
+            expected = sorted(
+                ((p, c) for p, c in counts.items() if c >= 1), key=lambda t: (-t[1], t[0])
+            )
+            assert index.candidates(np.array(q, dtype=np.uint64), 1) == expected
+
+
+def test_multimap_keep_first_and_last() -> None:
+    first = SortedRunMultimap(cap=1, keep="first")
+    last = SortedRunMultimap(cap=2, keep="last")
+    for v in range(50_000):
+        first.add(v % 100, v)
+        last.add(v % 100, v)
+    first.flush()
+    last.flush()
+    assert first.first(42) == 42
+    got = sorted(last.get_many(np.array([42], dtype=np.uint64)).tolist())
+    assert got[-2:] == [49_842, 49_942] and len(got) <= 4

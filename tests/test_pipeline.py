@@ -1,0 +1,154 @@
+"""The pipeline end to end on pages built here: every reason, order, batch == one by one."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from stream_dedup import Deduplicator, Page, Rejected, Settings
+from stream_dedup.sample import build
+
+RNG_WORDS = [f"w{i}x" for i in range(5000)]
+
+
+def _article(rng: random.Random, words: int = 400) -> list[str]:
+    return [rng.choice(RNG_WORDS) for _ in range(words)]
+
+
+def _html(words: list[str], title: str = "t") -> str:
+    return f"<html><head><title>{title}</title></head><body><p>{' '.join(words)}</p></body></html>"
+
+
+def test_unique_then_exact_then_canonical() -> None:
+    dd = Deduplicator()
+    words = _article(random.Random(1))
+    first = dd.check_html("http://a/1", _html(words))
+    assert (first.decision, first.reason, first.page_id) == ("keep", "unique", 0)
+    exact = dd.check_html("http://a/2", _html(words))
+    assert (exact.decision, exact.reason) == ("drop", "exact")
+    assert exact.duplicate_of is not None and exact.duplicate_of.url == "http://a/1"
+    canon = dd.check_html(
+        "http://a/3", "<div>" + " ".join(w.upper() + "," for w in words) + "</div>"
+    )
+    assert (canon.decision, canon.reason) == ("drop", "canonical")
+    assert canon.duplicate_of is not None and canon.duplicate_of.page_id == 0
+
+
+def test_near_duplicate_is_dropped_and_verified() -> None:
+    rng = random.Random(2)
+    words = _article(rng, 1500)
+    dd = Deduplicator()
+    dd.check_html("http://a/1", _html(words))
+    edited = list(words)
+    edited[700] = "changed"  # one word: resemblance ~ 0.99
+    d = dd.check_html("http://a/2", _html(edited))
+    assert (d.decision, d.reason, d.verified) == ("drop", "near", True)
+    assert d.shared_features >= 2 and d.resemblance is not None and d.resemblance > 0.9
+    assert d.ld_estimate is not None and d.ld_estimate < 0.05 * len(" ".join(words))
+
+
+def test_unrelated_pages_are_kept() -> None:
+    rng = random.Random(3)
+    dd = Deduplicator()
+    decisions = [dd.check_html(f"http://a/{i}", _html(_article(rng))) for i in range(50)]
+    assert {(d.decision, d.reason) for d in decisions} == {("keep", "unique")}
+    assert [d.page_id for d in decisions] == list(range(50))
+
+
+def test_verification_overturns_a_reordered_page() -> None:
+    """Same shingles, other order of paragraphs: sketches agree, edit distance does not."""
+    rng = random.Random(4)
+    paras = [_article(rng, 60) for _ in range(30)]
+    dd = Deduplicator(Settings(threshold=1, verify_min_resemblance=0.5))
+    dd.check_html("http://a/1", "".join(_html(p) for p in paras))
+    rng.shuffle(paras)
+    d = dd.check_html("http://a/2", "".join(_html(p) for p in paras))
+    assert (d.decision, d.reason) == ("keep", "verified-distinct")
+    assert d.resemblance is not None and d.resemblance > 0.5
+    assert dd.counters.verify is not None and dd.counters.verify["overturned"] == 1
+
+
+def test_unsampled_candidates_are_dropped_unverified() -> None:
+    rng = random.Random(5)
+    words = _article(rng, 1500)
+    dd = Deduplicator(Settings(verify_rate=0.0))
+    dd.check_html("http://a/1", _html(words))
+    edited = list(words)
+    edited[3] = "x"
+    d = dd.check_html("http://a/2", _html(edited))
+    assert (d.decision, d.reason, d.verified, d.resemblance) == ("drop", "near", False, None)
+
+
+def test_short_pages_use_only_exact_layers() -> None:
+    dd = Deduplicator()
+    a = dd.check_html("http://a/tag/x", _html("no articles tagged x yet".split()))
+    b = dd.check_html("http://a/tag/y", _html("no articles tagged y yet".split()))
+    assert (a.reason, a.short, b.reason, b.short) == ("unique", True, "unique", True)
+    c = dd.check_html("http://a/tag/x2", _html("No articles, tagged X yet!".split()))
+    assert (c.decision, c.reason) == ("drop", "canonical")
+
+
+def test_pages_without_text_are_not_the_same_text() -> None:
+    dd = Deduplicator()
+    a = dd.check_html("http://a/1", "<html><body><script>app()</script></body></html>")
+    b = dd.check_html("http://a/2", "<html><body><img src=x></body></html>")
+    assert (a.decision, b.decision) == ("keep", "keep")
+    c = dd.check_html("http://a/3", "<html><body><img src=x></body></html>")
+    assert (c.decision, c.reason) == ("drop", "exact")
+
+
+def test_bad_pages_are_rejected_not_raised() -> None:
+    dd = Deduplicator(Settings(max_page_bytes=1000))
+    big = dd.check(Page(url="http://a/big", body=b"<p>" + b"x " * 1000 + b"</p>"))
+    assert (big.decision, big.reason) == ("reject", "too-large")
+    bad = dd.reject(Rejected(url=None, kind="bad-json", message="line 3", source="f.jsonl#3"))
+    assert (bad.decision, bad.reason, bad.source) == ("reject", "bad-json", "f.jsonl#3")
+    weird = dd.check(Page(url="http://a/w", body=bytes(range(256)) * 3))
+    assert weird.decision in ("keep", "reject")
+
+
+def test_sample_crawl_gets_the_expected_decisions() -> None:
+    pages = build(seed=7)
+    dd = Deduplicator()
+    got = [dd.check_html(p.url, p.html) for p in pages]
+    assert [(d.decision, d.reason) for d in got] == [p.expected for p in pages]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_batch_equals_one_by_one(workers: int) -> None:
+    from stream_dedup.pipeline import analysis_pool
+
+    pages = [Page(p.url, p.html.encode(), (("Content-Type", "text/html"),)) for p in build(seed=9)]
+    pages.insert(5, pages[0])  # a raw duplicate inside one batch
+    items: list[Page | Rejected] = list(pages)
+    items.insert(3, Rejected(None, "bad-json", "x"))
+    single = Deduplicator()
+    expected = [single.reject(i) if isinstance(i, Rejected) else single.check(i) for i in items]
+    batched = Deduplicator()
+    pool = analysis_pool(batched.settings, workers) if workers else None
+    try:
+        got = batched.check_batch(items[:20], pool) + batched.check_batch(items[20:], pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    assert got == expected
+
+
+def test_decision_json_is_one_line_with_the_schema() -> None:
+    import json
+
+    d = Deduplicator().check_html("http://a/ü", _html(_article(random.Random(6))))
+    line = d.to_json()
+    assert "\n" not in line
+    obj = json.loads(line)
+    assert set(obj) >= {
+        "url",
+        "decision",
+        "reason",
+        "duplicate_of",
+        "shared_features",
+        "resemblance",
+        "ld_estimate",
+    }
+    assert obj["url"] == "http://a/ü"

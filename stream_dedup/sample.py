@@ -55,8 +55,8 @@ def build(seed: int = 7, articles: int = 40) -> list[SamplePage]:
     pages: list[SamplePage] = []
     for i in range(articles):
         paras = [
-            " ".join(rng.choices(vocab, k=rng.randint(40, 90))).capitalize() + "."
-            for _ in range(rng.randint(4, 9))
+            " ".join(rng.choices(vocab, k=rng.randint(60, 120))).capitalize() + "."
+            for _ in range(rng.randint(10, 16))
         ]
         title = " ".join(rng.choices(vocab, k=4)).title()
         html = _page(title, paras, nav)
@@ -69,10 +69,9 @@ def build(seed: int = 7, articles: int = 40) -> list[SamplePage]:
             other = html.replace("<p>", "<div class='p'>").replace("</p>", "</div>")
             other = other.replace(".", " !").upper().replace("<!DOCTYPE HTML>", "<!doctype html>")
             pages.append(SamplePage(url + "/print", other, ("drop", "canonical")))
-        elif kind == 2:  # a near-duplicate: one word edited per ~200
+        elif kind == 2:  # a near-duplicate: one word edited (resemblance ~0.99)
             words = " ".join(paras).split()
-            for _ in range(max(1, len(words) // 200)):
-                words[rng.randrange(len(words))] = rng.choice(vocab)
+            words[rng.randrange(len(words))] = rng.choice(vocab)
             pages.append(SamplePage(url + "/amp", _page(title, [" ".join(words)], nav),
                                     ("drop", "near")))
     for j in range(4):  # short stubs sharing the template: never near-duplicates

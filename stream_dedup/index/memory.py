@@ -155,7 +155,8 @@ class MemoryIndex:
         pages = len(self._docs)
         index_bytes = self._features.nbytes() + sum(m.nbytes() for m in self._exact)
         doc_bytes = sum(
-            d.sketch.nbytes + d.features.nbytes + len(d.ld_signature) + len(d.url) for d in self._docs
+            d.sketch.nbytes + d.features.nbytes + len(d.ld_signature) + len(d.url)
+            for d in self._docs
         )
         return {
             "pages": pages,

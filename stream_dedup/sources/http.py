@@ -15,7 +15,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-import brotli
+import brotli  # type: ignore[import-untyped]
 
 from stream_dedup.errors import PageError
 
@@ -104,8 +104,8 @@ def parse_response(block: bytes) -> HttpResponse:
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         if line[:1] in (b" ", b"\t") and headers:  # obsolete line folding
-            name, value = headers[-1]
-            headers[-1] = (name, f"{value} {_text(line.strip())}")
+            folded_name, folded_value = headers[-1]
+            headers[-1] = (folded_name, f"{folded_value} {_text(line.strip())}")
             continue
         name, sep, value = line.partition(b":")
         if sep and name.strip():
@@ -164,7 +164,7 @@ def _inflate(data: bytes, wbits: int) -> bytes:
 
 def _decode_one(data: bytes, coding: str) -> bytes:
     if coding in ("gzip", "x-gzip"):
-        return _inflate(data, 16 + zlib.MAX_WBITS)
+        return _inflate(data, 32 + zlib.MAX_WBITS)  # gzip, or zlib from confused servers
     if coding == "deflate":
         # RFC 9110 says zlib-wrapped; many servers send raw deflate.
         try:
@@ -201,7 +201,7 @@ def decode_body(body: bytes, headers: Headers) -> bytes:
     encoding = header_value(headers, "Content-Encoding") or ""
     codings = [c.strip().lower() for c in encoding.split(",")]
     codings = [c for c in codings if c not in _IDENTITY]
-    if not codings:
+    if not codings or not body:  # an empty body is empty in any coding
         return body
     decoded = body
     try:

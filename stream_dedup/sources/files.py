@@ -1,0 +1,81 @@
+"""All the input files of a replay, one after the other, as one stream of Pages and Rejects.
+
+The extension picks the reader (.warc[.gz], .arc[.gz], .jsonl[.gz], .ndjson[.gz]); anything
+else is sniffed from its first bytes, because crawl dumps are often renamed (.dat, .gz, no
+extension at all). A file that is missing or cannot be read becomes one "unreadable-file"
+Rejected and the replay goes on with the next file: one bad path must not cost a night's run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Literal
+
+from stream_dedup.models import Page, Rejected
+from stream_dedup.sources.jsonl import iter_jsonl
+from stream_dedup.sources.warc import SourceStats, archive_format, iter_archive, read_head
+
+InputKind = Literal["archive", "jsonl"]
+
+_ARCHIVE_SUFFIXES = (".warc", ".warc.gz", ".arc", ".arc.gz")
+_JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
+
+
+def input_kind(path: str | os.PathLike[str]) -> InputKind | None:
+    """Which reader a file needs: by extension, else by its content; None if neither fits.
+
+    Raises OSError if the content has to be sniffed and the file cannot be read.
+    """
+    lower = Path(path).name.lower()
+    if lower.endswith(_ARCHIVE_SUFFIXES):
+        return "archive"
+    if lower.endswith(_JSONL_SUFFIXES):
+        return "jsonl"
+    head = read_head(Path(path))
+    if archive_format(head) is not None:
+        return "archive"
+    if head.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        return "jsonl"
+    return None
+
+
+def iter_inputs(
+    paths: Iterable[str | os.PathLike[str]], stats: SourceStats | None = None
+) -> Iterator[Page | Rejected]:
+    """Pages and Rejected records of every file, in the order given.
+
+    Sources are f"{path as given}#{n}": record ordinal for archives, line number for JSONL.
+    """
+    stats = stats if stats is not None else SourceStats()
+    for item in paths:
+        path = Path(item)
+        try:
+            if not path.is_file():
+                why = "no such file" if not path.exists() else "not a regular file"
+                yield _unreadable(stats, path, why)
+                continue
+            kind = input_kind(path)
+        except OSError as exc:
+            yield _unreadable(stats, path, str(exc))
+            continue
+        if kind == "archive":
+            yield from iter_archive(path, stats, name=str(item))
+        elif kind == "jsonl":
+            yield from iter_jsonl(path, stats, name=str(item))
+        else:
+            yield _unreadable(
+                stats,
+                path,
+                "not a WARC, ARC or JSONL file (unknown extension, "
+                "and the first bytes are none of these)",
+            )
+
+
+def _unreadable(stats: SourceStats, path: Path, why: str) -> Rejected:
+    stats.files += 1
+    stats.rejected["unreadable-file"] += 1
+    return Rejected(
+        url=None, kind="unreadable-file", message=f"{path}: {why}", source=f"{path}#0"
+    )

@@ -1,0 +1,184 @@
+"""Pages from JSON objects: one per line of a .jsonl file, or one per Kafka message.
+
+Schema (one JSON object):
+
+    url        str, required, non-empty
+    html       str: the page as text; stored as UTF-8 bytes     } one of the two is required;
+    body_b64   str: the raw body bytes, base64                  } body_b64 wins if both are given
+    fetched_at str, optional (ISO-8601 expected, not checked)
+    status     int, optional (HTTP status)
+    headers    optional: {"Name": "value", ...} or [["Name", "value"], ...]
+
+With `html`, the Content-Type becomes "text/html; charset=utf-8", because that is what the
+stored bytes are, whatever charset a header from the original response named; send
+`body_b64` to keep raw bytes and their original headers.
+
+`page_from_json` is a pure function of the message bytes so the Kafka consumer and the replay
+of a .jsonl file share it. Every problem is a `PageError` whose kind says what was wrong:
+bad-json, no-url, no-body, bad-base64, bad-field.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import gzip
+import json
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from stream_dedup.errors import PageError
+from stream_dedup.models import Page, Rejected
+from stream_dedup.sources.warc import SourceStats
+
+_HTML_TYPE = ("Content-Type", "text/html; charset=utf-8")
+
+
+def page_from_json(data: bytes | str, source: str | None = None) -> Page:
+    """Build a Page from one JSON object (bytes or text); raises PageError if it is unusable."""
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+        raise PageError("bad-json", f"not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise PageError("bad-json", f"expected a JSON object, got {type(obj).__name__}")
+    url = obj.get("url")
+    if not isinstance(url, str) or not url.strip():
+        raise PageError("no-url", f"'url' must be a non-empty string, got {_short(url)}")
+    headers = _headers(obj.get("headers"))
+    fetched_at = obj.get("fetched_at")
+    if fetched_at is not None and not isinstance(fetched_at, str):
+        raise PageError("bad-field", f"'fetched_at' must be a string, got {_short(fetched_at)}")
+    status = obj.get("status")
+    if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+        raise PageError("bad-field", f"'status' must be an integer, got {_short(status)}")
+    if obj.get("body_b64") is not None:
+        body = _b64(obj["body_b64"])
+    elif obj.get("html") is not None:
+        html = obj["html"]
+        if not isinstance(html, str):
+            raise PageError("bad-field", f"'html' must be a string, got {_short(html)}")
+        # Lone surrogates (JSON allows "\ud800") cannot be UTF-8; they become U+FFFD.
+        body = html.encode("utf-8", "replace")
+        # The text was decoded by the producer and is stored as UTF-8 here, whatever charset
+        # a Content-Type header from the original response may name.
+        headers = (*(h for h in headers if h[0].lower() != "content-type"), _HTML_TYPE)
+    else:
+        raise PageError("no-body", "neither 'html' nor 'body_b64' is given")
+    return Page(
+        url=url, body=body, headers=headers, fetched_at=fetched_at, status=status, source=source
+    )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _headers(value: Any) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        pairs: list[Any] = list(value.items())
+    elif isinstance(value, list):
+        pairs = value
+    else:
+        raise PageError("bad-field", f"'headers' must be an object or a list, got {_short(value)}")
+    out: list[tuple[str, str]] = []
+    for pair in pairs:
+        if (
+            not isinstance(pair, list | tuple)
+            or len(pair) != 2
+            or not all(isinstance(part, str) for part in pair)
+        ):
+            raise PageError(
+                "bad-field", f"header must be a [name, value] of strings: {_short(pair)}"
+            )
+        out.append((pair[0], pair[1]))
+    return tuple(out)
+
+
+def _b64(value: Any) -> bytes:
+    if not isinstance(value, str):
+        raise PageError("bad-base64", f"'body_b64' must be a string, got {_short(value)}")
+    text = "".join(value.split())  # producers that wrap lines at 76 columns
+    text += "=" * (-len(text) % 4)  # and ones that drop the padding
+    altchars = b"-_" if ("-" in text or "_" in text) else None
+    try:
+        return base64.b64decode(text, altchars=altchars, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise PageError("bad-base64", f"'body_b64' is not valid base64: {exc}") from None
+
+
+def iter_jsonl(
+    path: str | os.PathLike[str], stats: SourceStats | None = None, *, name: str | None = None
+) -> Iterator[Page | Rejected]:
+    """One Page per non-blank line of a .jsonl / .ndjson file, gzipped or not.
+
+    A bad line becomes a Rejected (source f"{name}#{line number}", 1-based, raw = the line)
+    and reading goes on. A file that cannot be read yields one "unreadable-file" Rejected; a
+    gzip stream that breaks off yields a "truncated" one after the lines before it.
+    """
+    path = Path(path)
+    name = name or path.name
+    stats = stats if stats is not None else SourceStats()
+    stats.files += 1
+    lineno = 0
+    try:
+        with open(path, "rb") as raw:
+            gzipped = raw.read(2) == b"\x1f\x8b"
+            raw.seek(0)
+            with gzip.GzipFile(fileobj=raw) if gzipped else raw as lines:
+                for lineno, line in enumerate(lines, 1):
+                    if line.strip():
+                        yield _item(line.rstrip(b"\r\n"), f"{name}#{lineno}", stats)
+    except EOFError:
+        yield _reject(
+            stats,
+            "truncated",
+            f"{path}: gzip stream ends early after line {lineno}",
+            f"{name}#{lineno + 1}",
+        )
+    except (OSError, zlib.error) as exc:
+        yield _reject(
+            stats,
+            "unreadable-file",
+            f"cannot read {path}{f' after line {lineno}' if lineno else ''}: {exc}",
+            f"{name}#{lineno + 1}",
+        )
+
+
+def _item(line: bytes, source: str, stats: SourceStats) -> Page | Rejected:
+    stats.records += 1
+    try:
+        page = page_from_json(line, source)
+    except PageError as exc:
+        return _reject(stats, exc.kind, exc.message, source, line, _url_of(line))
+    stats.pages += 1
+    if page.status is not None and not 200 <= page.status < 300:
+        stats.non_2xx += 1
+    return page
+
+
+def _reject(
+    stats: SourceStats,
+    kind: str,
+    message: str,
+    source: str,
+    raw: bytes | None = None,
+    url: str | None = None,
+) -> Rejected:
+    stats.rejected[kind] += 1
+    return Rejected(url=url, kind=kind, message=message, source=source, raw=raw)
+
+
+def _url_of(line: bytes) -> str | None:
+    """The url of a rejected line, when there is one, so the reject can name its page."""
+    try:
+        url = json.loads(line).get("url")
+    except (ValueError, AttributeError):
+        return None
+    return url if isinstance(url, str) else None

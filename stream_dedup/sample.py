@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import base64
 import gzip
-import io
 import json
 import random
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-
-from warcio.statusandheaders import StatusAndHeaders
-from warcio.warcwriter import WARCWriter
 
 _SYLLABLES = "ka lo mi re su ta ne po vi da ze ru fo gi ha ly me no pa qu si to wu xe yo".split()
 
@@ -80,26 +77,37 @@ def build(seed: int = 7, articles: int = 40) -> list[SamplePage]:
     return pages
 
 
+def _warc_record(kind: str, url: str, block: bytes, extra: dict[str, str] | None = None) -> bytes:
+    record_id = uuid.uuid5(uuid.NAMESPACE_URL, f"{kind} {url} {len(block)}")
+    headers = {
+        "WARC-Type": kind,
+        "WARC-Record-ID": f"<urn:uuid:{record_id}>",
+        "WARC-Date": "2026-01-02T03:04:05Z",
+        "WARC-Target-URI": url,
+        "Content-Type": "application/http; msgtype=response",
+        **(extra or {}),
+        "Content-Length": str(len(block)),
+    }
+    head = "WARC/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    return gzip.compress(head.encode() + block + b"\r\n\r\n", mtime=0)  # one member a record
+
+
+def _http(body: bytes, content_type: str) -> bytes:
+    head = f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
 def write_warc(pages: list[SamplePage], path: Path) -> None:
-    """A gzipped WARC: a request and a response per page, plus a non-HTML response and a
-    revisit record that replay must skip and count."""
+    """A gzipped WARC: a response per page, plus a non-HTML response and a revisit record
+    that replay must skip and count."""
     with open(path, "wb") as fh:
-        writer = WARCWriter(fh, gzip=True)
         for page in pages:
-            body = page.html.encode("utf-8")
-            http = StatusAndHeaders(
-                "200 OK", [("Content-Type", page.content_type),
-                           ("Content-Length", str(len(body)))], protocol="HTTP/1.1"
-            )
-            writer.write_record(writer.create_warc_record(
-                page.url, "response", payload=io.BytesIO(body), http_headers=http))
-        css = b"body { color: black }"
-        http = StatusAndHeaders("200 OK", [("Content-Type", "text/css")], protocol="HTTP/1.1")
-        writer.write_record(writer.create_warc_record(
-            "http://example.test/site.css", "response", payload=io.BytesIO(css), http_headers=http))
-        writer.write_record(writer.create_warc_record(
-            pages[0].url, "revisit", payload=io.BytesIO(b""),
-            warc_headers_dict={"WARC-Profile": "http://netpreserve.org/warc/1.0/revisit/identical-payload-digest"}))
+            fh.write(_warc_record("response", page.url,
+                                  _http(page.html.encode("utf-8"), page.content_type)))
+        fh.write(_warc_record("response", "http://example.test/site.css",
+                              _http(b"body { color: black }", "text/css")))
+        fh.write(_warc_record("revisit", pages[0].url, b"", {
+            "WARC-Profile": "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"}))
 
 
 def write_jsonl(pages: list[SamplePage], path: Path) -> None:

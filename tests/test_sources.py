@@ -447,7 +447,7 @@ def test_page_from_json_html_and_base64() -> None:
         page = page_from_json(data, None)
         assert page.body == b"\xff<html>" and page.headers == (("A", "1"),)
     page = page_from_json(b'{"url": "u", "html": "", "headers": {"content-type": "text/x"}}', None)
-    assert page.body == b"" and page.headers == (("content-type", "text/x"),)
+    assert page.body == b"" and page.headers == (("Content-Type", "text/html; charset=utf-8"),)
 
 
 @pytest.mark.parametrize(

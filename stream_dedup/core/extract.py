@@ -1,0 +1,252 @@
+"""Unicode HTML -> the text a reader sees, one space between words.
+
+Duplicates are judged on words, so the two things that matter are: no invisible text (script,
+style, markup-ish payloads) and correct word boundaries. selectolax's ``text(separator=...)``
+puts the separator between *every* pair of text nodes, which splits ``wo<b>rd</b>``; with no
+separator ``<td>a</td><td>b</td>`` glues into ``ab``. So we insert a space text node before and
+after every element that breaks words when rendered (blocks, cells, list items, ``br``,
+``img``...), then take the plain text and collapse whitespace. Inline elements (and unknown
+ones, which render inline) never split a word. The cost is about 3x a bare ``body.text()``.
+
+Choices: ``<title>`` and the rest of ``<head>`` are excluded (not in the page body; titles are
+often shared by a whole site, and a template title would make pages look alike). ``math`` is
+dropped (its token soup and TeX annotations are not prose), as are ruby annotations (``rt``,
+``rp``) so that the base CJK text stays contiguous. A frameset page has no body; its
+``<noframes>`` content is what a reader without frames sees, so that is what we return.
+
+``boilerplate=True`` also drops page furniture shared by the pages of one site; see
+``_strip_boilerplate``. lexbor's tree building is quadratic in the nesting depth of block
+elements (100k nested ``<div>`` take ~12 s), so absurdly deep pages are stripped with regexes
+instead of being parsed.
+"""
+
+from __future__ import annotations
+
+import html as htmllib
+import re
+
+from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, LexborNode
+
+__all__ = ["visible_text"]
+
+# Never rendered as text, or text that is not prose. `noframes`/`noembed` are raw text (markup
+# as a string) in a page that has a body. (<head> is never inside <body>, so it needs no entry.)
+_INVISIBLE = (
+    "script", "style", "noscript", "template", "svg", "math", "iframe", "object", "embed",
+    "applet", "title", "video", "audio", "canvas", "datalist", "noembed", "noframes", "rt",
+    "rp", "param",
+)  # fmt: skip
+# Elements whose rendering separates the words around them. Row groups and rows are left out:
+# their cells already separate, and `tr` alone is ~5 % of all elements.
+_BREAKING = (
+    "address", "article", "aside", "blockquote", "br", "button", "caption", "center", "dd",
+    "details", "dialog", "dir", "div", "dl", "dt", "fieldset", "figcaption", "figure", "footer",
+    "form", "frame", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hgroup", "hr", "img",
+    "input", "legend", "li", "listing", "main", "menu", "nav", "ol", "optgroup", "option", "p",
+    "plaintext", "pre", "section", "select", "summary", "table", "td", "textarea", "th", "ul",
+    "xmp",
+)  # fmt: skip
+
+
+def _tag_ids(names: tuple[str, ...]) -> frozenset[int]:
+    """lexbor's ids of standard HTML tags are fixed; matching them in Python over one
+    ``css("*")`` walk costs half of a 53-way ``:is()`` selector, which tests every alternative
+    on every element."""
+    doc = LexborHTMLParser("")
+    return frozenset(doc.create_node(name).tag_id for name in names)
+
+
+_OPTIONS = LexborDocumentOptions.WO_EVENTS
+_INVISIBLE_IDS = _tag_ids(_INVISIBLE)
+_BREAKING_IDS = _tag_ids(_BREAKING)
+
+# --- boilerplate mode ------------------------------------------------------------------------
+_MAIN = "main, [role~=main i]"
+# Landmarks and controls that are furniture wherever they are.
+_FURNITURE = (
+    ":is(nav, aside, form, select, button, dialog, [role~=navigation i], [role~=banner i], "
+    "[role~=contentinfo i], [role~=complementary i], [role~=search i], [role~=dialog i], "
+    "[role~=alertdialog i], [aria-hidden=true i], [hidden], header, footer)"
+)
+# Never content, however much of the page they hold (a <select> of 200 countries).
+_UNAMBIGUOUS_TAGS = {"nav", "select", "button"}
+_UNAMBIGUOUS_ROLES = {"navigation", "search"}
+_SECTIONING = {"article", "aside", "main", "nav", "section"}
+_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
+_LINK_BLOCKS = ":is(ul, ol, menu, dl, table, div, p, td):has(a[href])"
+_LINK_DENSITY = 0.5  # link text / all text above which a short block is navigation
+_SHORT = 1000  # non-space characters; longer link-heavy blocks (TOCs, references) stay
+
+# --- pathological nesting ------------------------------------------------------------------
+_TAG_COUNT_CHECK = 50_000  # below this many '<', even the worst nesting parses in < 1 s
+_MAX_DEPTH = 2_000
+_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)")
+_NO_DEPTH = {
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+    "source", "track", "wbr", "p", "li", "dt", "dd", "td", "th", "tr", "tbody", "thead",
+    "tfoot", "option", "optgroup", "rb", "rt", "rp", "colgroup", "caption",
+}  # fmt: skip
+_RAW_BLOCKS = re.compile(
+    r"<!--.*?(?:-->|$)|<(script|style|noscript|template|svg|math|head|title|iframe|object)\b"
+    r".*?(?:</\1\s*>|$)",
+    re.IGNORECASE | re.DOTALL,
+)
+_BREAKING_TAG = re.compile(rf"</?(?:{'|'.join(_BREAKING)})\b[^>]*>", re.IGNORECASE)
+_ANY_TAG = re.compile(r"<[^>]*>")
+
+
+def visible_text(html: str, *, boilerplate: bool = False) -> str:
+    """The words a reader sees on the page, separated by single spaces.
+
+    Robust to any string (broken markup, no body, frameset, lone surrogates, deep nesting);
+    returns "" when there is no visible text.
+    """
+    if not html or html.isspace():
+        return ""
+    if _too_deep(html):
+        return _regex_text(html)
+    return _extract(html, boilerplate, allow_noframes=True)
+
+
+def _extract(html: str, boilerplate: bool, *, allow_noframes: bool) -> str:
+    tree = _parse(html)
+    if tree.body is None:  # frameset: what a browser without frames shows
+        if not allow_noframes:
+            return ""
+        noframes = tree.css("noframes")
+        texts = (_extract(n.text(), boilerplate, allow_noframes=False) for n in noframes)
+        return " ".join(t for t in texts if t)
+    body = tree.body
+    if boilerplate:
+        _walk(body, _INVISIBLE_IDS, frozenset())
+        _strip_boilerplate(body)
+        _walk(body, frozenset(), _BREAKING_IDS)
+    else:
+        _walk(body, _INVISIBLE_IDS, _BREAKING_IDS)
+    return " ".join(body.text().split())
+
+
+def _walk(body: LexborNode, drop: frozenset[int], separate: frozenset[int]) -> None:
+    """One pass over the elements: unlink the invisible ones, pad word-breaking ones with spaces.
+
+    Unlinking keeps the subtree's memory (lexbor frees it with the document), so the elements
+    of a dropped subtree that come later in the list are still safe to touch.
+    """
+    for node in body.css("*"):
+        tag_id = node.tag_id
+        if tag_id in drop:
+            node.decompose()
+        elif tag_id in separate:
+            node.insert_before(" ")
+            node.insert_after(" ")
+
+
+def _parse(html: str) -> LexborHTMLParser:
+    """Parse as a browser that runs scripts would: <noscript> is then one raw text node (not
+    markup that closes <head> early and spills into the body). Without mutation events, which
+    we do not need, and which would copy the selected <option> into <selectedcontent>."""
+    try:
+        return LexborHTMLParser(html, options=_OPTIONS, scripting=True)
+    except UnicodeError:  # lone surrogates from a careless caller
+        return LexborHTMLParser(html.encode("utf-8", "replace"), options=_OPTIONS, scripting=True)
+
+
+def _chars(text: str) -> int:
+    """Non-space characters: indentation must not count as content (4 C scans, no copies)."""
+    return len(text) - text.count(" ") - text.count("\n") - text.count("\t") - text.count("\r")
+
+
+def _strip_boilerplate(body: LexborNode) -> None:
+    """Drop furniture that the pages of one site share, so that they do not look alike.
+
+    1. Landmarks and controls (nav, aside, form, select, button, dialogs, ARIA banner/
+       contentinfo/complementary/search roles), ``header``/``footer`` unless they belong to an
+       article or section (the spec's rule for when they are banner/contentinfo), and hidden
+       elements (``hidden``, ``aria-hidden=true``, inline ``display:none``/``visibility:hidden``).
+    2. Short link-dense blocks: lists, tables, cells, divs and paragraphs of at most ``_SHORT``
+       non-space characters whose link text is more than half of their text (menus, footers
+       of links, tag clouds, "share" rows).
+
+    Safeguards: an element that contains the main content (``main``/``role=main``, or, if the
+    page has none, ``article``) is kept, and so is one holding more than half of the page's
+    text (ASP.NET pages wrap everything in a ``form``; some pages are hidden until a script
+    shows them), unless it is navigation or a control (``_unambiguous``).
+    """
+    protect = _MAIN if body.css_first(_MAIN) is not None else "article"
+    has_protected = body.css_first(protect) is not None
+    page = _chars(body.text())
+
+    def keep(node: LexborNode, chars: int) -> bool:
+        if has_protected and node.css_first(protect) is not None:
+            return True
+        return chars * 2 > page and not _unambiguous(node)
+
+    doomed: list[LexborNode] = []
+    for node in body.css(_FURNITURE):
+        if node.tag in ("header", "footer") and _in_section(node):
+            continue
+        if not keep(node, _chars(node.text())):
+            doomed.append(node)
+    for node in body.css("[style]"):
+        if _HIDDEN_STYLE.search(node.attributes.get("style") or "") and not keep(
+            node, _chars(node.text())
+        ):
+            doomed.append(node)
+    for node in doomed:  # decided first, removed after: removal only unlinks, so it is safe
+        node.decompose()
+
+    page = _chars(body.text())
+    doomed = []
+    for node in body.css(_LINK_BLOCKS):
+        chars = _chars(node.text())
+        if chars == 0 or chars > _SHORT:
+            continue
+        links = sum(_chars(a.text()) for a in node.css("a[href]"))
+        if links > _LINK_DENSITY * chars and not keep(node, chars):
+            doomed.append(node)
+    for node in doomed:
+        node.decompose()
+
+
+def _unambiguous(node: LexborNode) -> bool:
+    if node.tag in _UNAMBIGUOUS_TAGS:
+        return True
+    role = (node.attributes.get("role") or "").lower().split()
+    return not _UNAMBIGUOUS_ROLES.isdisjoint(role)
+
+
+def _in_section(node: LexborNode) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent.tag in _SECTIONING:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _too_deep(html: str) -> bool:
+    """True if the page nests elements so deeply that lexbor would take seconds to parse it.
+
+    Only pages with many tags can be slow, so only they pay for this scan. Elements that close
+    themselves implicitly (p, li, td...) and void ones do not deepen the tree.
+    """
+    if html.count("<") < _TAG_COUNT_CHECK:
+        return False
+    depth = 0
+    for match in _TAG.finditer(html):
+        if match.group(2).lower() in _NO_DEPTH:
+            continue
+        if match.group(1):
+            depth = max(depth - 1, 0)
+        else:
+            depth += 1
+            if depth > _MAX_DEPTH:
+                return True
+    return False
+
+
+def _regex_text(html: str) -> str:
+    """Degraded extraction for pathological pages: drop invisible blocks and tags by regex."""
+    text = _RAW_BLOCKS.sub(" ", html)
+    text = _ANY_TAG.sub("", _BREAKING_TAG.sub(" ", text))
+    return " ".join(htmllib.unescape(text).split())

@@ -255,11 +255,13 @@ class Deduplicator:
             return None
         return self.index.first_with(CANONICAL, a.canonical_fp)
 
-    def _sampled(self, canonical_fp: int) -> bool:
+    def _sampled(self, canonical_fp: int | None) -> bool:
         # Deterministic per page: the same page is sampled in every replay and after a
         # re-delivery, so decisions are reproducible.
         rate = self.settings.verify_rate
-        return rate >= 1.0 or (rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate)
+        if canonical_fp is None or rate >= 1.0:
+            return rate > 0.0
+        return rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate
 
     def _verify(self, a: Analysis, found: list[tuple[int, int]]) -> Decision:
         s = self.settings

@@ -83,6 +83,8 @@ def test_every_warc_file_is_read_or_cleanly_rejected() -> None:
     sink = MemorySink()
     summary = replay(files, sink, Settings())
     assert summary.pages == len(sink.decisions) > 800
+    short = [d for d in sink.decisions if d.short]
+    assert len(short) >= 20  # real stubs, frames and error pages: the rule below is exercised
     for d in sink.decisions:
         assert d.decision in ("keep", "drop", "reject")
         if d.decision == "reject":
@@ -94,3 +96,28 @@ def test_every_warc_file_is_read_or_cleanly_rejected() -> None:
     if aut_warc:
         kept = [d for d in aut_warc if d.decision == "keep"]
         assert len(kept) <= 0.1 * len(aut_warc), [d.url for d in kept][:5]
+
+
+def test_estimated_levenshtein_tracks_the_true_distance() -> None:
+    """Coates' estimate (c=32, n=4) against the exact distances of pairs_groundtruth.csv."""
+    from stream_dedup.core import ldsig
+    from stream_dedup.core.canonical import canonicalize
+
+    with open(HTTPBIS / "pairs_groundtruth.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))[::6]
+    cache: dict[str, np.ndarray] = {}
+
+    def codepoints(rel: str) -> np.ndarray:
+        if rel not in cache:
+            body = (HTTPBIS / rel).read_bytes()
+            cache[rel] = canonicalize(body, "text/html", boilerplate=False).codepoints
+        return cache[rel]
+
+    errors = []
+    for r in rows:
+        a, b = codepoints(r["a"]), codepoints(r["b"])
+        est = ldsig.estimate(ldsig.signature(a, 32, 4), ldsig.signature(b, 32, 4), 32)
+        errors.append(abs(est - int(r["lev_distance"])) / max(a.shape[0], b.shape[0]))
+    assert len(errors) >= 50
+    assert np.median(errors) < 0.02 and np.percentile(errors, 90) < 0.1, (
+        np.median(errors), np.percentile(errors, 90))

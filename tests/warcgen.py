@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import brotli  # type: ignore[import-untyped]
+import brotli
 
 WARC_DATE = "2024-01-02T03:04:05Z"
 ARC_DATE = "20080430204826"

@@ -21,7 +21,8 @@ def mix64(x: np.ndarray) -> np.ndarray:
     x = x * _M1
     x = x ^ (x >> U64(27))
     x = x * _M2
-    return x ^ (x >> U64(31))
+    out: np.ndarray = x ^ (x >> U64(31))
+    return out
 
 
 def mix64_int(x: int) -> int:

@@ -37,7 +37,7 @@ def signature(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
         acc += cp[j : j + length] * mult[j]
     h = mix64(acc)
     chosen = h[h % U64(c) == 0]
-    return ((chosen >> _SYMBOL_SHIFT) & U64(0xFF)).astype(np.uint8).tobytes()
+    return bytes(((chosen >> _SYMBOL_SHIFT) & U64(0xFF)).astype(np.uint8).tobytes())
 
 
 def estimate(sig_a: bytes, sig_b: bytes, c: int) -> int:

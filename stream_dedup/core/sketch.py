@@ -159,4 +159,4 @@ def resemblance(sketch_a: np.ndarray, sketch_b: np.ndarray) -> float:
     """Share of equal min-hashes: an unbiased estimate of |A∩B|/|A∪B|."""
     if sketch_a.shape != sketch_b.shape:
         raise ValueError("sketches of different length are not comparable")
-    return float(np.count_nonzero(sketch_a == sketch_b)) / sketch_a.shape[0]
+    return float(np.count_nonzero(sketch_a == sketch_b)) / int(sketch_a.shape[0])

@@ -8,7 +8,7 @@ so the chance that they share at least r of k features is
 
 from __future__ import annotations
 
-from math import comb, exp
+from math import comb, exp, sqrt
 
 from ..errors import ConfigError
 
@@ -60,6 +60,6 @@ def curve(k: int = 6, s: int = 14, r: int = 2, points: int = 21,
 
 def sketch_std_error(rho: float, num_perm: int) -> float:
     """Standard error of the resemblance estimated from num_perm min-hashes."""
-    return (rho * (1.0 - rho) / num_perm) ** 0.5
+    return float(sqrt(rho * (1.0 - rho) / num_perm))
 
 

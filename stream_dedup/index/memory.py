@@ -106,7 +106,7 @@ class SortedRunMultimap:
         return keys[keep], vals[keep]
 
     def __len__(self) -> int:
-        return self._mem_entries + sum(k.shape[0] for k, _ in self._runs)
+        return self._mem_entries + sum(int(k.shape[0]) for k, _ in self._runs)
 
     def nbytes(self) -> int:
         return sum(k.nbytes + v.nbytes for k, v in self._runs) + self._mem_entries * 12

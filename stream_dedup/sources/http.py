@@ -15,7 +15,7 @@ import re
 import zlib
 from dataclasses import dataclass
 
-import brotli  # type: ignore[import-untyped]
+import brotli
 
 from stream_dedup.errors import PageError
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +30,23 @@ counted. A bad record or line becomes a "reject" decision; the replay goes on.
 
 every setting can also come from the environment (STREAM_DEDUP_<NAME>, e.g.
 STREAM_DEDUP_VERIFY_RATE=0.5) or a TOML file (--config); flags win over both.
+"""
+
+
+EPILOG_SERVE = """\
+examples:
+  deploy/kafka-local start                     # a local broker on 127.0.0.1:9092
+  stream-dedup serve --input-topic pages --kept-topic pages-kept
+  STREAM_DEDUP_BOOTSTRAP_SERVERS=kafka:9092 stream-dedup serve --workers 2
+  stream-dedup replay crawl.warc.gz --to-kafka pages      # feed it captured pages
+  kcat -C -b 127.0.0.1:9092 -t decisions -e             # read the decisions
+
+message formats (--input-format):
+  json  value = {"url": ..., "html": ...} or {"url": ..., "body_b64": ...} (+ fetched_at,
+        status, headers); key ignored
+  html  value = the HTML bytes; key = the URL; Kafka headers content-type, fetched-at,
+        status carry the metadata
+SIGTERM/SIGINT: stop fetching, finish and commit the batch in flight, exit 0.
 """
 
 
@@ -61,9 +80,45 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     v.add_argument("--ld-n", type=int, metavar="N", help="LD signature window (default 4)")
 
 
+def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    g = parser.add_argument_group(
+        "Kafka (env STREAM_DEDUP_<NAME>, e.g. STREAM_DEDUP_BOOTSTRAP_SERVERS)")
+    g.add_argument("--bootstrap-servers", metavar="HOST:PORT[,..]",
+                   help="Kafka brokers (default 127.0.0.1:9092)")
+    if not serve:
+        return
+    g.add_argument("--input-topic", metavar="TOPIC", help="crawled pages in (default pages)")
+    g.add_argument("--decisions-topic", metavar="TOPIC",
+                   help="one decision per page, keyed by URL (default decisions)")
+    g.add_argument("--kept-topic", metavar="TOPIC",
+                   help="forward the original message of every kept page here (default off)")
+    g.add_argument("--dead-letter-topic", metavar="TOPIC",
+                   help="original bytes + error headers of bad input (default pages-dead-letter)")
+    g.add_argument("--group-id", metavar="ID", help="consumer group (default stream-dedup)")
+    g.add_argument("--input-format", choices=["json", "html"],
+                   help="json: value is a page object; html: value is HTML, key is the URL, "
+                   "metadata in headers (default json)")
+    g.add_argument("--batch-size", type=int, metavar="N",
+                   help="records decided and committed together (default 500)")
+    g.add_argument("--workers", type=int, metavar="N",
+                   help="processes for parsing and sketching (default 1)")
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in Settings.names()}
     return Settings.load(config_file=args.config, overrides=overrides)
+
+
+def _logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .service import serve
+
+    _logging(args.log_level)
+    return asyncio.run(serve(_settings(args)))
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -75,10 +130,19 @@ def _replay(args: argparse.Namespace) -> int:
     if missing and not args.keep_going:
         print(f"stream-dedup: no such input file(s): {', '.join(missing)}", file=sys.stderr)
         return 2
-    dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    if args.to_kafka:
+        from .service import push
+
+        _logging("info")
+        return asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
+    if not args.output:
+        print("stream-dedup: replay needs -o/--output FILE (or --to-kafka TOPIC)",
+              file=sys.stderr)
+        return 2
+    dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
     try:
-        summary = replay(args.inputs, JsonlSink(args.output), settings, workers=args.workers,
+        summary = replay(args.inputs, JsonlSink(args.output), settings, workers=settings.workers,
                          dead_letter=dead, progress=progress)
     finally:
         if dead is not None:
@@ -146,12 +210,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "write one JSON decision per input page, in input order.",
                         epilog=EPILOG_REPLAY, formatter_class=argparse.RawDescriptionHelpFormatter)
     rp.add_argument("inputs", nargs="+", metavar="FILE", help="WARC/ARC/JSONL files, in order")
-    rp.add_argument("-o", "--output", required=True, metavar="FILE",
+    rp.add_argument("-o", "--output", metavar="FILE",
                     help="decisions as JSON lines ('-' for stdout)")
+    rp.add_argument("--to-kafka", metavar="TOPIC",
+                    help="instead of deciding, push the pages into TOPIC as JSON page "
+                    "messages (keyed by URL) for a running `serve`")
     rp.add_argument("--dead-letter", metavar="FILE",
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
-    rp.add_argument("--workers", type=int, default=1, metavar="N",
+    rp.add_argument("--workers", type=int, metavar="N",
                     help="processes for parsing and sketching (default 1)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
@@ -159,7 +226,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="treat missing input files as rejects instead of exiting with 2")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     _engine_flags(rp)
+    _kafka_flags(rp, serve=False)
     rp.set_defaults(func=_replay)
+
+    sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
+                        description="Consume crawled pages from a Kafka topic, decide each, "
+                        "and produce decisions (plus kept pages and dead letters). "
+                        "At-least-once: offsets are committed only after every output of a "
+                        "batch is acknowledged by the broker.",
+                        epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _kafka_flags(sv, serve=True)
+    sv.add_argument("--log-level", default="info",
+                    choices=["debug", "info", "warning", "error"])
+    _engine_flags(sv)
+    sv.set_defaults(func=_serve)
 
     cp = sub.add_parser("curve", help="print (or plot) the filter's acceptance curve P_{k,s,r}",
                         description="The probability that two pages of resemblance rho share "

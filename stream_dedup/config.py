@@ -41,6 +41,17 @@ class Settings:
     verify_max_candidates: int = 3
     ld_c: int = 32
     ld_n: int = 4
+    # --- the Kafka service (`serve`) ---
+    bootstrap_servers: str = "127.0.0.1:9092"
+    input_topic: str = "pages"
+    decisions_topic: str = "decisions"
+    kept_topic: str = ""  # empty: do not forward kept pages
+    dead_letter_topic: str = "pages-dead-letter"
+    group_id: str = "stream-dedup"
+    input_format: str = "json"  # json (the JSONL page schema) | html (value = HTML bytes)
+    batch_size: int = 500  # records fetched, decided, produced and committed together
+    workers: int = 1  # processes for parsing and sketching
+    recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
 
@@ -70,6 +81,12 @@ class Settings:
             raise ConfigError("max_posting and verify_max_candidates must be >= 1")
         if self.max_page_bytes < 1:
             raise ConfigError("max_page_bytes must be >= 1")
+        if self.input_format not in ("json", "html"):
+            raise ConfigError(f"input_format must be json or html, got {self.input_format!r}")
+        if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:
+            raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
+        if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
+            raise ConfigError("input, decisions and dead-letter topics must be named")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -18,7 +18,7 @@ exact layer already matched. Replay and the Kafka service both go through this m
 from __future__ import annotations
 
 import multiprocessing
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -142,6 +142,7 @@ class Counters:
     """Running totals for summaries (and, later, metrics)."""
 
     pages: int = 0
+    redelivered: int = 0
     decisions: Counter[tuple[str, str]] | None = None
     verify: Counter[str] | None = None
 
@@ -165,10 +166,16 @@ class Deduplicator:
             self.settings.params.stamp, self.settings.max_posting
         )
         self.counters = Counters()
+        # Decisions by input position: a page delivered again (Kafka re-delivers what was
+        # not committed) gets the decision it got the first time, never "duplicate of itself".
+        self._recent: OrderedDict[str, Decision] = OrderedDict()
 
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
         """Decide one page (and remember it if kept). Sketches only when it must."""
+        again = self._seen(page)
+        if again is not None:
+            return again
         first = self.index.first_with(RAW, raw_fingerprint(page.body))
         if first is not None:
             return self._record(self._dup(page, EXACT, first))
@@ -197,7 +204,9 @@ class Deduplicator:
         todo = [
             item
             for item in items
-            if isinstance(item, Page) and not self._stored(raw_fingerprint(item.body))
+            if isinstance(item, Page)
+            and (item.source is None or item.source not in self._recent)
+            and not self._stored(raw_fingerprint(item.body))
         ]
         if pool is None or len(todo) < 2:
             analyses = [self.analyzer.analyze(p) for p in todo]
@@ -246,6 +255,14 @@ class Deduplicator:
         return self._record(self._verify(a, found))
 
     # --- helpers ----------------------------------------------------------------------
+    def _seen(self, page: Page) -> Decision | None:
+        if page.source is None:
+            return None
+        earlier = self._recent.get(page.source)
+        if earlier is not None:
+            self.counters.redelivered += 1
+        return earlier
+
     def _stored(self, raw_fp: int) -> bool:
         return self.index.first_with(RAW, raw_fp) is not None
 
@@ -320,4 +337,9 @@ class Deduplicator:
         assert self.counters.decisions is not None
         self.counters.pages += 1
         self.counters.decisions[(d.decision, d.reason)] += 1
+        limit = self.settings.recent_decisions
+        if d.source is not None and limit > 0:
+            self._recent[d.source] = d
+            if len(self._recent) > limit:
+                self._recent.popitem(last=False)
         return d

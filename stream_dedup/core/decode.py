@@ -7,8 +7,11 @@ characters whatever their headers say, and a page must never be lost to a bad la
 2. ``charset`` parameter of the HTTP ``Content-Type``;
 3. ``<meta charset>`` / ``<meta http-equiv=Content-Type>`` in the first 4 KB (a byte prescan,
    as in the HTML spec: the text cannot be parsed before it is decoded);
-4. strict UTF-8, if the body is valid UTF-8;
-5. charset-normalizer on a bounded prefix (it is slow: ~ms per page);
+4. strict UTF-8, if the body is valid UTF-8 (pure ASCII, the common case, stops here at once),
+   or "mostly UTF-8" (at least 4 valid non-ASCII characters per bad byte: a page assembled
+   from UTF-8 and Latin-1 parts);
+5. charset-normalizer on a bounded prefix (it is slow: ~ms per page), restricted to the web's
+   encodings, ties broken towards the common ones;
 6. cp1252 with replacement characters.
 
 Labels are mapped the WHATWG way (``latin1``/``us-ascii`` -> cp1252, ``gb2312`` -> gb18030,
@@ -98,7 +101,6 @@ _MULTIBYTE = {
     "iso2022_kr",
     "hz",
 }
-# Charsets in which ASCII bytes do not mean ASCII text (so the ASCII fast path must not apply).
 # Tie-breaking order for detection, most common on the web first.
 _PREVALENCE = ("utf-8", "cp1252", "gb18030", "cp1251", "cp932", "cp949", "euc_jp", "big5hkscs")
 _DETECTABLE = [
@@ -106,6 +108,7 @@ _DETECTABLE = [
     for codec in _WHATWG
     if codec not in ("utf-16-le", "utf-16-be", "hz", "iso2022_kr")
 ]
+# Charsets in which ASCII bytes do not mean ASCII text (so the ASCII fast path must not apply).
 _NOT_ASCII_COMPATIBLE = {"utf-16-le", "utf-16-be", "iso2022_jp", "iso2022_kr", "hz"}
 
 _BOMS = (
@@ -220,10 +223,11 @@ def _detect(body: bytes) -> str | None:
 
 def _decide(body: bytes, content_type: str | None) -> tuple[str, str, str]:
     """(codec, how, text): the decision and the text it produced, so nothing decodes twice."""
-    for bom, codec in _BOMS:
+    for bom, bom_codec in _BOMS:
         if body.startswith(bom):
-            return codec, "bom", body[len(bom) :].decode(codec, "replace")
-    codec, how = _header_codec(content_type), "header"
+            return bom_codec, "bom", body[len(bom) :].decode(bom_codec, "replace")
+    codec: str | None = _header_codec(content_type)
+    how = "header"
     if codec is not None and codec.startswith("utf-16") and b"\x00" not in body[:_PRESCAN_BYTES]:
         codec = None  # UTF-16 HTML is full of NUL bytes; without them the label is wrong
     if codec is None:

@@ -1,0 +1,139 @@
+"""`stream-dedup serve`: the Kafka service around the runner.
+
+Builds the aiokafka clients from Settings (the only place that knows their keyword
+arguments), starts them with retries so a broker that is not up yet is waited for (and
+said so in the log), runs the batch loop until SIGTERM/SIGINT, then finishes the batch in
+flight, flushes, and closes: every decided record is committed and the exit code is 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from .config import Settings
+from .pipeline import Deduplicator, analysis_pool
+from .runner import Runner, retry
+
+log = logging.getLogger("stream_dedup.service")
+
+
+def consumer_kwargs(s: Settings) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": s.bootstrap_servers,
+        "group_id": s.group_id,
+        "enable_auto_commit": False,  # offsets are committed by the runner, after the acks
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": max(1_048_576, s.max_page_bytes + 65_536),
+        "fetch_max_bytes": 64 * 1024 * 1024,
+        "isolation_level": "read_committed",
+    }
+
+
+def producer_kwargs(s: Settings) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": s.bootstrap_servers,
+        "acks": "all",
+        "enable_idempotence": True,  # retries inside the client do not duplicate
+        "linger_ms": 5,
+        "max_request_size": 2 * 1024 * 1024,
+        "compression_type": None,
+    }
+
+
+async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, _stopper(stop, sig))
+        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
+            pass
+    dedup = Deduplicator(settings)
+    pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
+    consumer = AIOKafkaConsumer(**consumer_kwargs(settings))
+    producer = AIOKafkaProducer(**producer_kwargs(settings))
+    runner = Runner(settings, dedup, consumer, producer, pool)
+    consumer.subscribe([settings.input_topic], listener=runner.listener)
+    log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
+             "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
+             settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
+             settings.bootstrap_servers, settings.workers)
+    started: list[Any] = []
+    try:
+        for name, client in (("producer", producer), ("consumer", consumer)):
+            await retry(f"connecting the {name} to {settings.bootstrap_servers}",
+                        client.start, stop)
+            started.append(client)
+        log.info("connected; consuming")
+        await runner.run(stop)
+    except Exception:
+        if not stop.is_set():
+            log.exception("stopping on an unexpected error")
+            return 1
+    finally:
+        for client in reversed(started):
+            if client is producer:
+                await producer.flush()
+            await client.stop()
+        if pool is not None:
+            pool.shutdown()
+        s = runner.stats
+        log.info("stopped after %d records in %d batches (all committed); decisions: %s",
+                 s.records, s.batches, s.decisions)
+    return 0
+
+
+def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:
+    def handler() -> None:
+        if not stop.is_set():
+            log.info("%s: finishing the batch in flight, then exiting", sig.name)
+        stop.set()
+    return handler
+
+
+async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False) -> int:
+    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages."""
+    import base64
+    import json
+
+    from tqdm import tqdm
+
+    from .models import Page
+    from .sources.files import iter_inputs
+    from .sources.warc import SourceStats
+
+    producer = AIOKafkaProducer(**producer_kwargs(settings))
+    stop = asyncio.Event()
+    await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop)
+    sent = skipped = 0
+    stats = SourceStats()
+    try:
+        acks = []
+        for item in tqdm(iter_inputs(paths, stats), unit=" pages", disable=not progress):
+            if not isinstance(item, Page):
+                skipped += 1
+                log.warning("not sent: %s (%s: %s)", item.source, item.kind, item.message)
+                continue
+            message: dict[str, object] = {
+                "url": item.url, "body_b64": base64.b64encode(item.body).decode(),
+                       "headers": [list(h) for h in item.headers]}
+            if item.fetched_at:
+                message["fetched_at"] = item.fetched_at
+            if item.status is not None:
+                message["status"] = item.status
+            acks.append(await producer.send(topic, json.dumps(message).encode(),
+                                            key=item.url.encode()))
+            sent += 1
+            if len(acks) >= 1000:
+                await asyncio.gather(*acks)
+                acks = []
+        await asyncio.gather(*acks)
+    finally:
+        await producer.stop()
+    log.info("sent %d pages to %s (%d input records not sent)", sent, topic, skipped)
+    return 0

@@ -1,0 +1,64 @@
+"""Kafka messages -> Page | Rejected (pure: no client here, just bytes, key and headers).
+
+Two input formats:
+- "json" (default): the value is one JSONL page object (`url` + `html` or `body_b64`,
+  optional `fetched_at`, `status`, `headers`), exactly as in replay's JSONL files.
+- "html": the value is the raw HTML bytes, the key is the URL, and metadata travels in Kafka
+  headers: `content-type`, `fetched-at`, `status` (any header is kept as an HTTP header).
+
+A page's `source` is "topic/partition/offset": stable across re-deliveries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..errors import PageError
+from ..models import Page, Rejected
+from .jsonl import page_from_json
+
+KafkaHeaders = Sequence[tuple[str, bytes]]
+
+
+def source_of(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
+def page_from_message(
+    value: bytes | None,
+    key: bytes | None,
+    headers: KafkaHeaders,
+    source: str,
+    *,
+    input_format: str,
+    max_bytes: int,
+) -> Page | Rejected:
+    """One consumed record as a Page, or a Rejected that says why it is not one."""
+    url = _text(key)
+    if value is None:
+        return Rejected(url, "no-body", "the message has no value (tombstone)", source, b"")
+    if len(value) > max_bytes:
+        return Rejected(url, "too-large",
+                        f"{len(value)} bytes > max_page_bytes={max_bytes}", source, value)
+    try:
+        if input_format == "json":
+            page = page_from_json(value, source)
+            return page
+        if not url:
+            raise PageError("no-url", "html input needs the page URL as the message key")
+        meta = {name.lower(): _text(raw) or "" for name, raw in headers}
+        status = meta.get("status")
+        return Page(
+            url=url,
+            body=value,
+            headers=tuple((name, _text(raw) or "") for name, raw in headers),
+            fetched_at=meta.get("fetched-at") or None,
+            status=int(status) if status and status.isdigit() else None,
+            source=source,
+        )
+    except PageError as err:
+        return Rejected(url, err.kind, err.message, source, value)
+
+
+def _text(raw: bytes | None) -> str | None:
+    return None if raw is None else raw.decode("utf-8", "replace")

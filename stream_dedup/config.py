@@ -52,6 +52,9 @@ class Settings:
     batch_size: int = 500  # records fetched, decided, produced and committed together
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
+    # Fault injection for crash tests only: exit hard after the Nth batch's outputs are
+    # acknowledged and before its offsets are committed (0 = never).
+    fault_exit_before_commit: int = 0
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
 

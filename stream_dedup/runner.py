@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -133,6 +134,9 @@ class Runner:
             self._thread, self.dedup.check_batch, items, self.pool
         )
         await retry("sending a batch's outputs", lambda: self._send(batch, items, decisions), stop)
+        if self.stats.batches + 1 == self.settings.fault_exit_before_commit:
+            log.error("fault injection: exiting before committing batch %d", self.stats.batches + 1)
+            os._exit(70)
         offsets: dict[TopicPartition, int] = {}
         for tp, rec in batch:
             offsets[tp] = max(offsets.get(tp, 0), rec.offset + 1)

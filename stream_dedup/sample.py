@@ -53,11 +53,11 @@ def build(seed: int = 7, articles: int = 40) -> list[SamplePage]:
     for i in range(articles):
         paras = [
             " ".join(rng.choices(vocab, k=rng.randint(60, 120))).capitalize() + "."
-            for _ in range(rng.randint(10, 16))
+            for _ in range(rng.randint(24, 32))
         ]
         title = " ".join(rng.choices(vocab, k=4)).title()
         html = _page(title, paras, nav)
-        url = f"http://example.test/news/{i}"
+        url = f"http://site{seed}.example.test/news/{i}"
         pages.append(SamplePage(url, html, ("keep", "unique")))
         kind = i % 5
         if kind == 0:  # the same bytes under a tracking URL
@@ -73,7 +73,8 @@ def build(seed: int = 7, articles: int = 40) -> list[SamplePage]:
                                     ("drop", "near")))
     for j in range(4):  # short stubs sharing the template: never near-duplicates
         stub = _page("Tag " + nav[j], [f"No articles tagged {nav[j]} yet."], nav)
-        pages.append(SamplePage(f"http://example.test/tag/{nav[j]}", stub, ("keep", "unique")))
+        pages.append(SamplePage(f"http://site{seed}.example.test/tag/{nav[j]}", stub,
+                                ("keep", "unique")))
     return pages
 
 

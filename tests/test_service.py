@@ -1,0 +1,356 @@
+"""The Kafka service against a real broker: kcat in, `stream-dedup serve`, kcat out."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from stream_dedup.sample import SamplePage, build
+
+pytestmark = pytest.mark.kafka
+
+
+# --- helpers -----------------------------------------------------------------------------
+def names(prefix: str = "t") -> dict[str, str]:
+    tag = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    return {"input": f"{tag}-pages", "decisions": f"{tag}-decisions", "kept": f"{tag}-kept",
+            "dead": f"{tag}-dead", "group": f"{tag}-group"}
+
+
+def create_topics(bootstrap: str, topics: list[str], partitions: int) -> None:
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(t, partitions, 1) for t in topics])
+        finally:
+            await admin.close()
+    asyncio.run(go())
+
+
+def kcat_produce(bootstrap: str, topic: str, records: list[tuple[str, bytes]]) -> None:
+    """key<TAB>value lines (values must be one line: JSON is)."""
+    data = b"".join(k.encode() + b"\t" + v + b"\n" for k, v in records)
+    subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", topic, "-K", "\t", "-z", "none"],
+                   input=data, check=True, timeout=60)
+
+
+def kcat_produce_file(bootstrap: str, topic: str, path: Path, key: str,
+                      headers: tuple[str, ...] = ()) -> None:
+    """One message whose value is the whole file (binary-safe)."""
+    cmd = ["kcat", "-P", "-b", bootstrap, "-t", topic, "-k", key]
+    for h in headers:
+        cmd += ["-H", h]
+    subprocess.run([*cmd, str(path)], check=True, timeout=60)
+
+
+def kcat_consume(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e",
+                          "-J", "-q"], capture_output=True, timeout=60)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def decisions_of(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+    return [json.loads(m["payload"]) for m in kcat_consume(bootstrap, topic)]
+
+
+def page_message(p: SamplePage) -> tuple[str, bytes]:
+    return p.url, json.dumps({"url": p.url, "html": p.html}).encode()
+
+
+class Service:
+    """`python -m stream_dedup serve` as a child process (so it can be killed for real)."""
+
+    def __init__(self, bootstrap: str, t: dict[str, str], log: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.log = log
+        cmd = [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
+               "--input-topic", t["input"], "--decisions-topic", t["decisions"],
+               "--kept-topic", t["kept"], "--dead-letter-topic", t["dead"],
+               "--group-id", t["group"], *extra]
+        self.fh = open(log, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=self.fh, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **(env or {})})
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.wait(timeout)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self.fh.close()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def service(kafka_bootstrap: str, tmp_path: Path):  # type: ignore[no-untyped-def]
+    started: list[Service] = []
+
+    def start(t: dict[str, str], *extra: str, log: str = "serve.log",
+              env: dict[str, str] | None = None) -> Service:
+        svc = Service(kafka_bootstrap, t, tmp_path / log, *extra, env=env)
+        started.append(svc)
+        return svc
+
+    yield start
+    for svc in started:
+        svc.stop(signal.SIGKILL)
+
+
+def committed_and_end(bootstrap: str, topic: str, group: str) -> tuple[int, int]:
+    async def go() -> tuple[int, int]:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group,
+                             enable_auto_commit=False)
+        await c.start()
+        try:
+            tps = await _partitions(c, topic)
+            end = await c.end_offsets(tps)
+            committed = [await c.committed(tp) or 0 for tp in tps]
+            return sum(committed), sum(end.values())
+        finally:
+            await c.stop()
+    return asyncio.run(go())
+
+
+async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    parts = await consumer.partitions_for(topic) if hasattr(consumer, "partitions_for") else None
+    if not parts:
+        await consumer._client.force_metadata_update()
+        parts = consumer.partitions_for_topic(topic)
+    assert parts, f"topic {topic} has no partitions"
+    return [TopicPartition(topic, p) for p in sorted(parts)]
+
+
+# --- tests -------------------------------------------------------------------------------
+def test_pages_in_decisions_out(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=1)
+    pages = build(seed=21)
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
+    svc = service(t, "--batch-size", "16")
+    wait_for("decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= len(pages))
+    assert svc.stop() == 0
+    got = decisions_of(kafka_bootstrap, t["decisions"])
+    assert [(d["url"], d["decision"], d["reason"]) for d in got] == [
+        (p.url, *p.expected) for p in pages]
+    assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(len(pages))]
+    kept = kcat_consume(kafka_bootstrap, t["kept"])
+    assert [m["key"] for m in kept] == [d["url"] for d in got if d["decision"] == "keep"]
+    assert json.loads(kept[0]["payload"])["html"] == pages[0].html  # the original message
+    assert "stopped after" in svc.text()
+
+
+def test_order_per_partition_and_one_decision_per_page(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=3)
+    pages = build(seed=22) + build(seed=23)
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
+    svc = service(t, "--batch-size", "25", "--workers", "2")
+    wait_for("decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= len(pages))
+    assert svc.stop() == 0
+    got = decisions_of(kafka_bootstrap, t["decisions"])
+    sources = [d["source"] for d in got]
+    assert len(sources) == len(set(sources)) == len(pages)
+    by_partition: dict[str, list[int]] = {}
+    for s in sources:
+        _, part, offset = s.rsplit("/", 2)
+        by_partition.setdefault(part, []).append(int(offset))
+    assert len(by_partition) == 3
+    for offsets in by_partition.values():
+        assert offsets == sorted(offsets) == list(range(len(offsets)))
+
+
+def test_bad_messages_go_to_the_dead_letter_topic(kafka_bootstrap: str, service,
+                                                  tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=1)
+    good = build(seed=24)[0:3:2]  # two different articles
+    b = kafka_bootstrap
+    kcat_produce(b, t["input"], [page_message(good[0]),
+                                 ("k1", b"{not json"),
+                                 ("k2", b'{"html": "<p>no url</p>"}'),
+                                 ("k3", b'{"url": "http://x/b64", "body_b64": "%%%notbase64"}')])
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(random.Random(1).randrange(256) for _ in range(3000)))
+    kcat_produce_file(b, t["input"], garbage, "k4")
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"url": "http://x/big", "html": "<p>" + "word " * 20000 + "</p>"}))
+    kcat_produce_file(b, t["input"], big, "k5")
+    kcat_produce(b, t["input"], [page_message(good[1])])
+    svc = service(t, "--max-page-bytes", "60000")
+    wait_for("7 decisions", lambda: len(kcat_consume(b, t["decisions"])) >= 7)
+    assert svc.stop() == 0
+    got = decisions_of(b, t["decisions"])
+    assert [(d["decision"], d["reason"]) for d in got] == [
+        ("keep", "unique"), ("reject", "bad-json"), ("reject", "no-url"),
+        ("reject", "bad-base64"), ("reject", "bad-json"), ("reject", "too-large"),
+        ("keep", "unique")]
+    dead = kcat_consume(b, t["dead"])
+    assert [m["key"] for m in dead] == ["k1", "k2", "k3", "k4", "k5"]
+    errors = [dict(zip(m["headers"][::2], m["headers"][1::2], strict=True)) for m in dead]
+    assert [e["stream-dedup-error"] for e in errors] == [
+        "bad-json", "no-url", "bad-base64", "bad-json", "too-large"]
+    assert all(e["stream-dedup-source"].startswith(t["input"] + "/0/") for e in errors)
+    assert dead[0]["payload"] == "{not json"  # the original bytes
+
+
+def test_html_input_format(kafka_bootstrap: str, service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=1)
+    page = build(seed=25)[0]
+    html = tmp_path / "page.html"
+    html.write_bytes(page.html.encode("utf-8"))
+    for url in ("http://h/1", "http://h/2"):
+        kcat_produce_file(kafka_bootstrap, t["input"], html, url,
+                          ("content-type=text/html; charset=utf-8", "fetched-at=2026-01-01"))
+    svc = service(t, "--input-format", "html")
+    wait_for("2 decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= 2)
+    assert svc.stop() == 0
+    got = decisions_of(kafka_bootstrap, t["decisions"])
+    assert [(d["url"], d["reason"]) for d in got] == [("http://h/1", "unique"),
+                                                      ("http://h/2", "exact")]
+
+
+def test_graceful_shutdown_commits_what_was_decided(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=2)
+    pages = build(seed=26)
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
+    svc = service(t, "--batch-size", "10")
+    wait_for("decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= len(pages))
+    assert svc.stop(signal.SIGTERM) == 0
+    committed, end = committed_and_end(kafka_bootstrap, t["input"], t["group"])
+    assert committed == end == len(pages)
+    again = service(t, log="again.log")  # nothing is re-delivered after a clean stop
+    wait_for("rejoin", lambda: "partitions assigned" in again.text())
+    time.sleep(2)
+    assert again.stop() == 0
+    assert len(kcat_consume(kafka_bootstrap, t["decisions"])) == len(pages)
+
+
+def _crash_topic(kafka_bootstrap: str) -> dict[str, str]:
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=2)
+    pages = [p for seed in range(30, 36) for p in build(seed=seed)]
+    urls = [p.url for p in pages]
+    assert len(set(urls)) == len(urls)
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
+    return t
+
+
+def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = _crash_topic(kafka_bootstrap)
+    rng = random.Random(os.getpid())
+    for round_ in range(3):  # killed three times at a random moment while pages flow
+        svc = service(t, "--batch-size", "40", log=f"run{round_}.log")
+        wait_for("the first decision of this run", lambda s=svc: "partitions assigned" in s.text())
+        time.sleep(rng.uniform(0.2, 2.0))
+        svc.stop(signal.SIGKILL)
+    final = service(t, "--batch-size", "40", log="final.log")
+    _every_page_decided_once_at_least(kafka_bootstrap, t)
+    assert final.stop() == 0
+
+
+def test_crash_between_acks_and_commit_redelivers_without_self_duplicates(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = _crash_topic(kafka_bootstrap)
+    crashed = service(t, "--batch-size", "30", log="crash.log",
+                      env={"STREAM_DEDUP_FAULT_EXIT_BEFORE_COMMIT": "3"})
+    assert crashed.wait(timeout=90) == 70
+    final = service(t, "--batch-size", "30", log="final.log")
+    redelivered = _every_page_decided_once_at_least(kafka_bootstrap, t)
+    assert final.stop() == 0
+    assert redelivered == 30  # the third batch: sent, acknowledged, never committed
+
+
+def _every_page_decided_once_at_least(kafka_bootstrap: str, t: dict[str, str]) -> int:
+    expected_sources = {f"{t['input']}/{part}/{off}" for part, off in _layout(
+        kafka_bootstrap, t["input"])}
+
+    def all_decided() -> bool:
+        got = {d["source"] for d in decisions_of(kafka_bootstrap, t["decisions"])}
+        return got >= expected_sources
+    wait_for("every page decided after the restart", all_decided, timeout=120)
+    got = decisions_of(kafka_bootstrap, t["decisions"])
+    by_source: dict[str, list[dict[str, Any]]] = {}
+    for d in got:
+        by_source.setdefault(d["source"], []).append(d)
+    assert set(by_source) == expected_sources
+    for ds in by_source.values():
+        for d in ds:  # a re-delivered page is never a duplicate of itself
+            assert d["duplicate_of"] is None or d["duplicate_of"]["url"] != d["url"]
+    return sum(len(ds) > 1 for ds in by_source.values())
+
+
+def _layout(bootstrap: str, topic: str) -> list[tuple[int, int]]:
+    async def go() -> list[tuple[int, int]]:
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+        await c.start()
+        try:
+            tps = await _partitions(c, topic)
+            end = await c.end_offsets(tps)
+            return [(tp.partition, o) for tp in tps for o in range(end[tp])]
+        finally:
+            await c.stop()
+    return asyncio.run(go())
+
+
+def test_unreachable_broker_is_retried_and_said(service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    t = names()
+    with __import__("socket").socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "down.log"
+    svc = Service(f"127.0.0.1:{port}", t, log)
+    try:
+        wait_for("a retry message", lambda: "retrying in" in log.read_text(), timeout=60)
+        assert svc.proc.poll() is None  # still trying, not exited
+    finally:
+        code = svc.stop()
+    assert code == 0
+    assert "Connect" in log.read_text() or "connect" in log.read_text()
+
+
+def test_replay_to_kafka_feeds_the_input_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
+    from stream_dedup.sample import write_sample
+
+    t = names()
+    warc, jsonl, pages = write_sample(tmp_path / "crawl")
+    out = subprocess.run([sys.executable, "-m", "stream_dedup", "replay", str(warc), str(jsonl),
+                          "--to-kafka", t["input"], "--bootstrap-servers", kafka_bootstrap],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    msgs = kcat_consume(kafka_bootstrap, t["input"])
+    assert [m["key"] for m in msgs] == [p.url for p in pages]
+    first = json.loads(msgs[0]["payload"])
+    assert base64.b64decode(first["body_b64"]).decode() == pages[0].html
+    assert "1 input records not sent" in out.stderr

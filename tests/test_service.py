@@ -7,6 +7,7 @@ import base64
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -257,10 +258,10 @@ def test_graceful_shutdown_commits_what_was_decided(kafka_bootstrap: str, servic
     assert len(kcat_consume(kafka_bootstrap, t["decisions"])) == len(pages)
 
 
-def _crash_topic(kafka_bootstrap: str) -> dict[str, str]:
+def _crash_topic(kafka_bootstrap: str, seeds: int = 6) -> dict[str, str]:
     t = names()
     create_topics(kafka_bootstrap, [t["input"]], partitions=2)
-    pages = [p for seed in range(30, 36) for p in build(seed=seed)]
+    pages = [p for seed in range(30, 30 + seeds) for p in build(seed=seed)]
     urls = [p.url for p in pages]
     assert len(set(urls)) == len(urls)
     kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
@@ -354,3 +355,26 @@ def test_replay_to_kafka_feeds_the_input_topic(kafka_bootstrap: str, tmp_path: P
     first = json.loads(msgs[0]["payload"])
     assert base64.b64decode(first["body_b64"]).decode() == pages[0].html
     assert "1 input records not sent" in out.stderr
+
+
+def test_rebalance_mid_stream_loses_nothing(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    """A second instance joins while the first is busy: partitions move, nothing is lost."""
+    t = _crash_topic(kafka_bootstrap, seeds=2)
+    first = service(t, "--batch-size", "10", log="a.log")
+    wait_for("some decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= 40)
+    second = service(t, "--batch-size", "10", log="b.log")
+    seed = 100
+    deadline = time.monotonic() + 90
+    while not re.search(r"partitions assigned: \['", second.text()):  # keep the first busy
+        assert time.monotonic() < deadline, "the second instance never got a partition"
+        kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in build(seed=seed)])
+        seed += 1
+    for extra in range(seed, seed + 2):  # and some more for both of them
+        kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in build(seed=extra)])
+    _every_page_decided_once_at_least(kafka_bootstrap, t)
+    assert first.stop() == 0 and second.stop() == 0
+    assert re.search(r"partitions revoked: \['", first.text())  # it gave a partition away
+    done = re.search(r"stopped after (\d+) records", second.text())
+    assert done and int(done.group(1)) > 0  # and the newcomer decided pages
+    committed, end = committed_and_end(kafka_bootstrap, t["input"], t["group"])
+    assert committed == end

@@ -3,6 +3,7 @@
     StreamDedupError                 root: everything we raise on purpose
     ├── ConfigError                  bad settings (never retriable)
     ├── IndexMismatchError           an index built with other sketch parameters
+    ├── IndexStoreError              index directory missing/corrupt/unwritable
     └── PageError                    one bad input page; becomes a `reject` decision
                                      (`kind` is the decision's reason, e.g. "bad-json")
 
@@ -25,6 +26,11 @@ class ConfigError(StreamDedupError):
 
 class IndexMismatchError(StreamDedupError):
     """An index was built with other sketch parameters; comparing would be meaningless."""
+
+
+class IndexStoreError(StreamDedupError):
+    """The index directory is missing, not an index, corrupt, or cannot be written (disk
+    full). Nothing is overwritten; the service stops with a non-zero exit."""
 
 
 class PageError(StreamDedupError):

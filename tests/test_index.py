@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,8 +27,17 @@ def _doc(
 
 
 @pytest.fixture(params=sorted(SUPPORTED_INDEXES))
-def make_index(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    return lambda cap=64: SUPPORTED_INDEXES[request.param](1234, cap)
+def make_index(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
+    opened: list[FeatureIndex] = []
+
+    def make(cap: int = 64) -> FeatureIndex:
+        index = SUPPORTED_INDEXES[request.param](1234, cap, tmp_path / f"idx{len(opened)}")
+        opened.append(index)
+        return index
+
+    yield make
+    for index in opened:
+        index.close()
 
 
 def test_insert_returns_dense_ids_and_docs_round_trip(make_index) -> None:  # type: ignore[no-untyped-def]
@@ -67,6 +77,8 @@ def test_posting_lists_are_capped_to_the_most_recent(make_index) -> None:  # typ
     index: FeatureIndex = make_index(cap=4)
     for i in range(20_000):  # enough to flush and merge runs several times
         index.insert(_doc([7, 1_000_000 + i], raw=i, canon=i))
+        if i % 3_000 == 2_999:
+            index.commit()
     found = index.candidates(np.array([7], dtype=np.uint64), 1)
     ids = sorted(pid for pid, _ in found)
     assert len(ids) <= 8  # at most cap per run still unmerged plus cap in the memtable
@@ -82,6 +94,8 @@ def test_random_workload_matches_a_plain_dict_model(make_index) -> None:  # type
     for pid in range(30_000):
         feats = rng.sample(range(5_000), 3)
         index.insert(_doc(feats, raw=pid, canon=pid))
+        if pid % 1_000 == 999:
+            index.commit({"t/0": pid + 1})
         for f in feats:
             model.setdefault(f, []).append(pid)
         if pid % 2_999 == 0:
@@ -107,3 +121,13 @@ def test_multimap_keep_first_and_last() -> None:
     assert first.first(42) == 42
     got = sorted(last.get_many(np.array([42], dtype=np.uint64)).tolist())
     assert got[-2:] == [49_842, 49_942] and len(got) <= 4
+
+
+def test_commit_stores_offsets(make_index) -> None:  # type: ignore[no-untyped-def]
+    index: FeatureIndex = make_index()
+    assert index.offsets() == {}
+    index.insert(_doc([1, 2]))
+    index.commit({"pages/0": 10, "pages/1": 3})
+    index.commit({"pages/0": 12})
+    assert index.offsets() == {"pages/0": 12, "pages/1": 3}
+    assert index.doc(0).url == "u" and len(index) == 1

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from .base import CANONICAL, RAW, FeatureIndex, StoredDoc
 from .memory import MemoryIndex
 
-# name -> factory(stamp, max_posting). Every backend here passes tests/test_index.py.
-SUPPORTED_INDEXES: dict[str, Callable[[int, int], FeatureIndex]] = {
-    "memory": lambda stamp, max_posting: MemoryIndex(stamp, max_posting),
+
+def _lsm(stamp: int, max_posting: int, path: Path | None) -> FeatureIndex:
+    from .lsm import LsmIndex  # RocksDB is loaded only when asked for
+
+    if path is None:
+        from ..errors import ConfigError
+
+        raise ConfigError("--index lsm needs --index-path DIR")
+    return LsmIndex(path, stamp, max_posting)
+
+
+# name -> factory(stamp, max_posting, path). Every backend passes tests/test_index.py.
+SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = {
+    "memory": lambda stamp, max_posting, path: MemoryIndex(stamp, max_posting),
+    "lsm": _lsm,
 }
 
 __all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc"]

@@ -12,6 +12,7 @@ each other.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -60,6 +61,16 @@ class FeatureIndex(Protocol):
     def stats(self) -> dict[str, float]:
         """Pages, entries and bytes held (for operators and benchmarks)."""
         ...
+
+    def commit(self, offsets: Mapping[str, int] | None = None) -> None:
+        """Make every insert so far durable together with the input offsets they cover."""
+        ...
+
+    def offsets(self) -> dict[str, int]:
+        """The input offsets stored by the last commit ("topic/partition" -> next offset)."""
+        ...
+
+    def close(self) -> None: ...
 
 
 def rank_candidates(page_ids: np.ndarray, min_shared: int) -> list[tuple[int, int]]:

@@ -11,12 +11,19 @@ layers, its first page).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..errors import IndexMismatchError
 from .base import CANONICAL, RAW, StoredDoc, rank_candidates
 
+if TYPE_CHECKING:
+    from .lsm import LsmIndex
+
 _MEMTABLE_MAX = 8192
+_GONE = StoredDoc("", np.zeros(0, np.uint64), np.zeros(0, np.uint32), b"", 0, 0, 0)
 
 
 class SortedRunMultimap:
@@ -120,6 +127,7 @@ class MemoryIndex:
         self._features = SortedRunMultimap(cap=max_posting, keep="last")
         self._exact = (SortedRunMultimap(cap=1, keep="first"), SortedRunMultimap(1, "first"))
         self._docs: list[StoredDoc] = []
+        self._offsets: dict[str, int] = {}
 
     def check_stamp(self, stamp: int) -> None:
         if stamp != self.stamp:
@@ -150,6 +158,26 @@ class MemoryIndex:
 
     def doc(self, page_id: int) -> StoredDoc:
         return self._docs[page_id]
+
+    def commit(self, offsets: Mapping[str, int] | None = None) -> None:
+        self._offsets.update(offsets or {})
+
+    def offsets(self) -> dict[str, int]:
+        return dict(self._offsets)
+
+    def close(self) -> None:
+        pass
+
+    @classmethod
+    def warm_from(cls, lsm: LsmIndex) -> MemoryIndex:
+        """A memory index holding every committed page of an LSM index (same page ids)."""
+        index = cls(lsm.stamp, lsm.max_posting)
+        for page_id, doc in lsm.stored_docs():
+            while len(index._docs) < page_id:  # ids of expired pages stay unused
+                index._docs.append(_GONE)
+            index.insert(doc)
+        index._offsets = lsm.offsets()
+        return index
 
     def stats(self) -> dict[str, float]:
         pages = len(self._docs)

@@ -1,0 +1,349 @@
+"""Persistent index: RocksDB (through rocksdict) in one directory, restarts invisible.
+
+Column families and keys (integers big-endian, so keys sort numerically):
+
+    meta      b"stamp" -> sketch Params stamp (u64)     b"next_id" -> next page id (u32)
+              b"pages" -> pages held (u64)              b"off:" + source -> next offset (u64)
+    features  feature (u64) + page id (u32)  -> b""     (a posting list is a prefix scan)
+    exact     b"r"|b"c" + fingerprint (u64)  -> page id (u32), the first page only
+    docs      page id (u32) -> the document record verification reads (see _encode)
+
+Nothing reaches RocksDB until `commit()`: inserts wait in an in-memory overlay that lookups
+also read, and `commit(offsets)` writes the overlay *and* the consumed input offsets in one
+atomic WriteBatch. After a crash the index therefore holds exactly the pages before the
+offsets it stores, and the service resumes from those offsets: no page missing, none that
+will be seen again.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import struct
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rocksdict import (
+    BlockBasedOptions,
+    DBCompressionType,
+    Options,
+    Rdict,
+    ReadOptions,
+    SliceTransform,
+    WriteBatch,
+)
+
+from ..errors import IndexMismatchError, IndexStoreError
+from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+
+CF_META, CF_FEATURES, CF_EXACT, CF_DOCS = "meta", "features", "exact", "docs"
+FORMAT = 1
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_FEATURE_KEY = struct.Struct(">QI")
+# raw fp, canonical fp, stored at, text length, k, k*s, then byte lengths: fetched_at, sig, url
+_DOC_HEAD = struct.Struct("<QQdIHHIII")
+_LAYER = {RAW: b"r", CANONICAL: b"c"}
+_MAX_ID = b"\xff\xff\xff\xff"
+
+
+def _options(prefix: int | None) -> Options:
+    opt = Options(raw_mode=True)
+    opt.create_if_missing(True)
+    opt.set_compression_type(DBCompressionType.zstd())
+    table = BlockBasedOptions()
+    table.set_bloom_filter(10, False)
+    if prefix is not None:
+        opt.set_prefix_extractor(SliceTransform.create_fixed_prefix(prefix))
+    opt.set_block_based_table_factory(table)
+    return opt
+
+
+class LsmIndex:
+    """A FeatureIndex kept on disk. One process at a time (RocksDB holds a lock)."""
+
+    def __init__(self, path: str | Path, stamp: int, max_posting: int = 64,
+                 *, create: bool = True) -> None:
+        self.path = Path(path)
+        self.stamp = stamp
+        self.max_posting = max_posting
+        self._closed = False
+        self._check_directory(create)
+        families = {CF_META: _options(None), CF_FEATURES: _options(8),
+                    CF_EXACT: _options(None), CF_DOCS: _options(None)}
+        db_options = _options(None)
+        db_options.create_missing_column_families(True)
+        try:
+            self._db = Rdict(str(self.path), db_options, column_families=families)
+        except Exception as exc:  # rocksdict raises plain Exception for every failure
+            raise IndexStoreError(f"cannot open the index at {self.path}: {exc}") from None
+        self._meta = self._db.get_column_family(CF_META)
+        self._features = self._db.get_column_family(CF_FEATURES)
+        self._exact = self._db.get_column_family(CF_EXACT)
+        self._docs = self._db.get_column_family(CF_DOCS)
+        self._cf = {name: self._db.get_column_family_handle(name)
+                    for name in (CF_META, CF_FEATURES, CF_EXACT, CF_DOCS)}
+        self._read = ReadOptions()
+        self._read.set_prefix_same_as_start(True)
+        self._adopt_or_check_stamp()
+        self._next_id = self._meta_int(b"next_id")
+        self._pages = self._meta_int(b"pages")
+        self._reset_overlay()
+
+    # --- opening ------------------------------------------------------------------------
+    def _check_directory(self, create: bool) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise IndexStoreError(f"index path {self.path} exists and is not a directory")
+        if not self.path.exists():
+            if not create:
+                raise IndexStoreError(f"no index at {self.path}")
+            return
+        entries = set(os.listdir(self.path))
+        if entries and "CURRENT" not in entries:
+            raise IndexStoreError(
+                f"{self.path} is not empty and holds no index (no CURRENT file); "
+                "refusing to write into it")
+
+    def _adopt_or_check_stamp(self) -> None:
+        raw = self._meta.get(b"stamp")
+        if raw is None:
+            if self._meta.get(b"next_id") is not None or any(True for _ in self._docs.keys()):
+                raise IndexStoreError(f"index at {self.path} has pages but no parameter stamp")
+            batch = WriteBatch(raw_mode=True)
+            batch.put(b"stamp", _U64.pack(self.stamp), self._cf[CF_META])
+            batch.put(b"format", _U32.pack(FORMAT), self._cf[CF_META])
+            self._write(batch)
+            return
+        stored = _U64.unpack(raw)[0]
+        if stored != self.stamp:
+            raise IndexMismatchError(
+                f"the index at {self.path} was built with other sketch parameters "
+                f"(stamp {stored:#x}, these settings give {self.stamp:#x}); features would "
+                "not be comparable. Use the same settings, or another --index-path.")
+
+    def _meta_int(self, key: bytes) -> int:
+        raw = self._meta.get(key)
+        return 0 if raw is None else int.from_bytes(raw, "big")
+
+    def _reset_overlay(self) -> None:
+        self._new_docs: dict[int, StoredDoc] = {}
+        self._new_features: dict[int, list[int]] = {}
+        self._new_exact: dict[bytes, int] = {}
+        self._deleted: set[int] = set()
+
+    # --- FeatureIndex -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._pages + len(self._new_docs) - len(self._deleted)
+
+    def first_with(self, layer: int, fingerprint: int) -> int | None:
+        key = _LAYER[layer] + _U64.pack(fingerprint)
+        pending = self._new_exact.get(key)
+        if pending is not None:
+            return pending
+        raw = self._exact.get(key)
+        return None if raw is None else _U32.unpack(raw)[0]
+
+    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
+        ids: list[int] = []
+        it = self._features.iter(self._read)
+        try:
+            for feature in features.tolist():
+                prefix = _U64.pack(feature)
+                it.seek_for_prev(prefix + _MAX_ID)
+                taken = 0
+                while it.valid() and taken < self.max_posting:
+                    key = it.key()
+                    if key[:8] != prefix:
+                        break
+                    ids.append(_U32.unpack_from(key, 8)[0])
+                    taken += 1
+                    it.prev()
+                ids.extend(self._new_features.get(feature, [])[-self.max_posting :])
+        finally:
+            del it
+        if self._deleted:
+            ids = [i for i in ids if i not in self._deleted]
+        return rank_candidates(np.asarray(ids, dtype=np.int64), min_shared)
+
+    def insert(self, doc: StoredDoc) -> int:
+        page_id = self._next_id
+        self._next_id += 1
+        self._new_docs[page_id] = doc
+        for feature in doc.features.tolist():
+            self._new_features.setdefault(feature, []).append(page_id)
+        self._new_exact.setdefault(_LAYER[RAW] + _U64.pack(doc.raw_fp), page_id)
+        if doc.text_length > 0:
+            self._new_exact.setdefault(_LAYER[CANONICAL] + _U64.pack(doc.canonical_fp), page_id)
+        return page_id
+
+    def doc(self, page_id: int) -> StoredDoc:
+        pending = self._new_docs.get(page_id)
+        if pending is not None:
+            return pending
+        raw = self._docs.get(_U32.pack(page_id))
+        if raw is None:
+            raise KeyError(page_id)
+        return _decode(raw)[0]
+
+    # --- durability ---------------------------------------------------------------------
+    def commit(self, offsets: Mapping[str, int] | None = None) -> None:
+        """Write what was inserted since the last commit, with the input offsets it covers,
+        in one atomic batch."""
+        if not self._new_docs and not self._deleted and not offsets:
+            return
+        batch = WriteBatch(raw_mode=True)
+        now = time.time()
+        for page_id, doc in self._new_docs.items():
+            batch.put(_U32.pack(page_id), _encode(doc, now), self._cf[CF_DOCS])
+        for feature, ids in self._new_features.items():
+            for page_id in ids:
+                batch.put(_FEATURE_KEY.pack(feature, page_id), b"", self._cf[CF_FEATURES])
+        for key, page_id in self._new_exact.items():
+            batch.put(key, _U32.pack(page_id), self._cf[CF_EXACT])
+        for source, offset in (offsets or {}).items():
+            batch.put(b"off:" + source.encode(), _U64.pack(offset), self._cf[CF_META])
+        pages = len(self)
+        batch.put(b"next_id", _U32.pack(self._next_id), self._cf[CF_META])
+        batch.put(b"pages", _U64.pack(pages), self._cf[CF_META])
+        self._write(batch)
+        self._pages = pages
+        self._reset_overlay()
+
+    def offsets(self) -> dict[str, int]:
+        """Input offsets stored by the last commit: source (e.g. "topic/partition") -> next."""
+        out: dict[str, int] = {}
+        for key, value in self._meta.items(from_key=b"off:"):
+            if not key.startswith(b"off:"):
+                break
+            out[key[4:].decode()] = _U64.unpack(value)[0]
+        return out
+
+    def _write(self, batch: WriteBatch) -> None:
+        try:
+            self._db.write(batch)
+        except Exception as exc:
+            raise IndexStoreError(f"writing the index at {self.path} failed: {exc}") from None
+
+    # --- operations ---------------------------------------------------------------------
+    def expire(self, older_than: datetime, limit: int = 10_000) -> int:
+        """Forget up to `limit` pages crawled (or, without a crawl time, stored) before
+        `older_than`, oldest page ids first. Safe while the service runs: deletions go out
+        in their own batch, never mixed with uncommitted inserts."""
+        cutoff = older_than.timestamp()
+        batch = WriteBatch(raw_mode=True)
+        removed = 0
+        for key, raw in self._docs.items():
+            if removed >= limit:
+                break
+            doc, stored_at = _decode(raw)
+            when = _timestamp(doc.fetched_at, stored_at)
+            if when >= cutoff:
+                continue
+            page_id = _U32.unpack(key)[0]
+            batch.delete(key, self._cf[CF_DOCS])
+            for feature in doc.features.tolist():
+                batch.delete(_FEATURE_KEY.pack(feature, page_id), self._cf[CF_FEATURES])
+            for layer, fp in ((RAW, doc.raw_fp), (CANONICAL, doc.canonical_fp)):
+                exact_key = _LAYER[layer] + _U64.pack(fp)
+                if self._exact.get(exact_key) == _U32.pack(page_id):
+                    batch.delete(exact_key, self._cf[CF_EXACT])
+            removed += 1
+        if removed:
+            self._pages -= removed
+            batch.put(b"pages", _U64.pack(self._pages), self._cf[CF_META])
+            self._write(batch)
+        return removed
+
+    def compact(self) -> None:
+        self._db.flush()
+        for name in (CF_FEATURES, CF_EXACT, CF_DOCS, CF_META):
+            self._db.get_column_family(name).compact_range(None, None)
+
+    def export(self, target: str | Path) -> None:
+        """A consistent copy of the committed index (a RocksDB checkpoint) in `target`."""
+        from rocksdict import Checkpoint
+
+        if Path(target).exists():
+            raise IndexStoreError(f"export target {target} exists; refusing to overwrite it")
+        Checkpoint(self._db).create_checkpoint(str(target))
+
+    def stored_docs(self) -> Any:
+        """(page id, StoredDoc) of every committed page, in id order (warming a MemoryIndex)."""
+        for key, raw in self._docs.items():
+            yield _U32.unpack(key)[0], _decode(raw)[0]
+
+    def stats(self) -> dict[str, float]:
+        families = {CF_META: self._meta, CF_FEATURES: self._features, CF_EXACT: self._exact,
+                    CF_DOCS: self._docs}
+
+        def prop(cf: str, name: str) -> int:
+            return int(families[cf].property_int_value(name) or 0)
+
+        feature_bytes = prop(CF_FEATURES, "rocksdb.total-sst-files-size") + prop(
+            CF_FEATURES, "rocksdb.size-all-mem-tables")
+        total = sum(prop(cf, "rocksdb.total-sst-files-size")
+                    + prop(cf, "rocksdb.size-all-mem-tables") for cf in self._cf)
+        pages = len(self)
+        return {
+            "pages": pages,
+            "feature_entries": prop(CF_FEATURES, "rocksdb.estimate-num-keys"),
+            "index_bytes": feature_bytes,
+            "index_bytes_per_page": feature_bytes / pages if pages else 0.0,
+            "disk_bytes": total,
+            "disk_bytes_per_page": total / pages if pages else 0.0,
+        }
+
+    def close(self) -> None:
+        """Release the directory (RocksDB's lock goes only when no handle is left)."""
+        if self._closed:
+            return
+        self._closed = True
+        db = self._db
+        for name in ("_meta", "_features", "_exact", "_docs", "_cf", "_read", "_db"):
+            delattr(self, name)
+        db.close()
+        del db
+        gc.collect()
+
+
+def _encode(doc: StoredDoc, stored_at: float) -> bytes:
+    url = doc.url.encode("utf-8", "surrogatepass")
+    fetched = (doc.fetched_at or "").encode("utf-8", "replace")
+    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, stored_at, doc.text_length,
+                          doc.features.shape[0], doc.sketch.shape[0], len(fetched),
+                          len(doc.ld_signature), len(url))
+    return b"".join((head, doc.features.astype("<u8").tobytes(),
+                     doc.sketch.astype("<u4").tobytes(), fetched, doc.ld_signature, url))
+
+
+def _decode(raw: bytes) -> tuple[StoredDoc, float]:
+    raw_fp, canonical_fp, stored_at, text_len, k, n, n_fetched, n_sig, n_url = (
+        _DOC_HEAD.unpack_from(raw))
+    pos = _DOC_HEAD.size
+    features = np.frombuffer(raw, dtype="<u8", count=k, offset=pos).astype(np.uint64)
+    pos += 8 * k
+    sketch = np.frombuffer(raw, dtype="<u4", count=n, offset=pos).astype(np.uint32)
+    pos += 4 * n
+    fetched = raw[pos : pos + n_fetched].decode("utf-8", "replace") or None
+    pos += n_fetched
+    sig = bytes(raw[pos : pos + n_sig])
+    pos += n_sig
+    url = raw[pos : pos + n_url].decode("utf-8", "surrogatepass")
+    doc = StoredDoc(url=url, features=features, sketch=sketch, ld_signature=sig,
+                    text_length=text_len, raw_fp=raw_fp, canonical_fp=canonical_fp,
+                    fetched_at=fetched)
+    return doc, stored_at
+
+
+def _timestamp(fetched_at: str | None, fallback: float) -> float:
+    if fetched_at:
+        try:
+            when = datetime.fromisoformat(fetched_at.replace("Z", "+00:00"))
+            return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+        except ValueError:
+            pass
+    return fallback

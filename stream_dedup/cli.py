@@ -7,13 +7,19 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .config import Settings
 from .core import theory
 from .errors import StreamDedupError
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
+    from .pipeline import Deduplicator
 
 EPILOG_REPLAY = """\
 examples:
@@ -47,6 +53,14 @@ message formats (--input-format):
   html  value = the HTML bytes; key = the URL; Kafka headers content-type, fetched-at,
         status carry the metadata
 SIGTERM/SIGINT: stop fetching, finish and commit the batch in flight, exit 0.
+
+HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):
+  curl -s 127.0.0.1:8080/metrics | grep stream_dedup_pages_total
+  curl -s 127.0.0.1:8080/readyz
+  curl -s -H 'Content-Type: text/html' --data-binary @page.html \
+       '127.0.0.1:8080/v1/check?url=https://a.example/'      # would-be decision, not stored
+  STREAM_DEDUP_HTTP_TOKEN=secret stream-dedup serve           # /v1/* then need the token:
+  curl -s -H 'Authorization: Bearer secret' 127.0.0.1:8080/v1/stats
 """
 
 
@@ -104,6 +118,21 @@ def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
                    help="processes for parsing and sketching (default 1)")
 
 
+def _http_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    g = parser.add_argument_group(
+        "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats; bearer token for /v1/* "
+        "from STREAM_DEDUP_HTTP_TOKEN)")
+    g.add_argument("--http-host", metavar="ADDR",
+                   help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
+    g.add_argument("--http-port", type=int, metavar="PORT",
+                   help="port to listen on, 0 = off (default 8080)" if serve else
+                   "serve the HTTP API on PORT while replaying (default: off)")
+    if serve:
+        g.add_argument("--stall-seconds", type=float, metavar="S",
+                       help="/readyz fails when records wait and no batch finished for S "
+                       "seconds (default 120)")
+
+
 def _settings(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in Settings.names()}
     return Settings.load(config_file=args.config, overrides=overrides)
@@ -142,8 +171,10 @@ def _replay(args: argparse.Namespace) -> int:
         return 2
     dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
     try:
-        summary = replay(args.inputs, JsonlSink(args.output), settings, workers=settings.workers,
-                         dead_letter=dead, progress=progress)
+        with _replay_http(settings, args.http_port) as (dedup, metrics):
+            summary = replay(args.inputs, JsonlSink(args.output), settings, dedup=dedup,
+                             metrics=metrics, workers=settings.workers, dead_letter=dead,
+                             progress=progress)
     finally:
         if dead is not None:
             dead.close()
@@ -152,6 +183,27 @@ def _replay(args: argparse.Namespace) -> int:
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
     return 0
+
+
+@contextmanager
+def _replay_http(
+    settings: Settings, port: int | None
+) -> Iterator[tuple[Deduplicator | None, Metrics | None]]:
+    """With --http-port: a Deduplicator reporting to Metrics, served while replay runs."""
+    if not port:
+        yield None, None
+        return
+    from .http.app import ApiState, build_app
+    from .http.thread import BackgroundServer
+    from .metrics import Metrics
+    from .pipeline import Deduplicator
+
+    metrics = Metrics(settings)
+    dedup = Deduplicator(settings, observer=metrics)
+    app = build_app(ApiState(settings, metrics, dedup))
+    with BackgroundServer(app, settings.http_host, port):
+        print(f"stream-dedup: HTTP API on http://{settings.http_host}:{port}", file=sys.stderr)
+        yield dedup, metrics
 
 
 def _curve(args: argparse.Namespace) -> int:
@@ -227,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     _engine_flags(rp)
     _kafka_flags(rp, serve=False)
+    _http_flags(rp, serve=False)
     rp.set_defaults(func=_replay)
 
     sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
@@ -236,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "batch is acknowledged by the broker.",
                         epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
     _kafka_flags(sv, serve=True)
+    _http_flags(sv, serve=True)
     sv.add_argument("--log-level", default="info",
                     choices=["debug", "info", "warning", "error"])
     _engine_flags(sv)

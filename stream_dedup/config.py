@@ -52,6 +52,11 @@ class Settings:
     batch_size: int = 500  # records fetched, decided, produced and committed together
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
+    # --- the HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats) ---
+    http_host: str = "127.0.0.1"
+    http_port: int = 8080  # 0: no HTTP server
+    http_token: str = field(default="", repr=False)  # bearer token for /v1/*; empty: open
+    stall_seconds: float = 120.0  # /readyz fails when records wait and no batch finished since
     # Fault injection for crash tests only: exit hard after the Nth batch's outputs are
     # acknowledged and before its offsets are committed (0 = never).
     fault_exit_before_commit: int = 0
@@ -90,6 +95,10 @@ class Settings:
             raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
             raise ConfigError("input, decisions and dead-letter topics must be named")
+        if not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
+        if self.stall_seconds <= 0:
+            raise ConfigError("stall_seconds must be > 0")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

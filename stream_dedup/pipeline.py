@@ -13,15 +13,23 @@
 `analyze` is pure and stateless (it can run in a worker process); `Deduplicator.decide`
 owns the index and must see pages in order. `check` = both, skipping the sketch when an
 exact layer already matched. Replay and the Kafka service both go through this module.
+
+Every decided page is reported once to an `Observer` (stage timings, outcome, size): the
+default does nothing; `metrics.Metrics` turns it into Prometheus metrics. The public methods
+are serialized by one lock, so a read-only `would_decide` (the HTTP `/v1/check`) may run in
+another thread while a batch is decided.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from time import perf_counter
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import xxhash
@@ -64,6 +72,51 @@ class Analysis:
     features: np.ndarray | None = None
     ld_signature: bytes = b""
     error: PageError | None = None
+    canonical_s: float = 0.0  # seconds in decode + extract + canonicalize
+    sketch_s: float = 0.0  # seconds in shingles + sketch + features + LD signature (0: not run)
+
+
+class StageTimes(NamedTuple):
+    """Seconds one page spent in each stage; 0.0 means the stage did not run."""
+
+    canonical_s: float = 0.0
+    sketch_s: float = 0.0
+    index_s: float = 0.0
+    verify_s: float = 0.0
+
+
+_NOT_RUN = StageTimes()
+
+
+class Observer(Protocol):
+    """Told about every decision (called in the deciding thread; keep it cheap)."""
+
+    def page(self, decision: Decision, nbytes: int, times: StageTimes) -> None:
+        """A page was decided (once per page; `nbytes` is its body size)."""
+
+    def redelivered(self, decision: Decision) -> None:
+        """A page delivered again got its earlier decision back."""
+
+    def batch(self, index: FeatureIndex) -> None:
+        """A batch is decided (a moment to look at the index)."""
+
+
+class NullObserver:
+    def page(self, decision: Decision, nbytes: int, times: StageTimes) -> None:
+        pass
+
+    def redelivered(self, decision: Decision) -> None:
+        pass
+
+    def batch(self, index: FeatureIndex) -> None:
+        pass
+
+
+def verify_outcome(d: Decision) -> str | None:
+    """What verification did for this decision: confirmed, overturned, unsampled or None."""
+    if d.reason == NEAR:
+        return "confirmed" if d.verified else "unsampled"
+    return "overturned" if d.reason == VERIFIED_DISTINCT else None
 
 
 def raw_fingerprint(body: bytes) -> int:
@@ -84,25 +137,28 @@ class Analyzer:
 
     def canonical(self, page: Page) -> tuple[Analysis, Tokens | None]:
         """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
+        started = perf_counter()
         raw_fp = raw_fingerprint(page.body)
         limit = self.settings.max_page_bytes
         if len(page.body) > limit:
             err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")
-            return Analysis(page, raw_fp, error=err), None
+            return Analysis(page, raw_fp, error=err, canonical_s=perf_counter() - started), None
         try:
             tokens = canonicalize(
                 page.body, page.header("content-type"), boilerplate=self.settings.boilerplate
             )
         except PageError as err:
-            return Analysis(page, raw_fp, error=err), None
+            return Analysis(page, raw_fp, error=err, canonical_s=perf_counter() - started), None
         except Exception as exc:  # a parser bug must reject one page, not stop the stream
-            return Analysis(page, raw_fp, error=PageError("parse-error", repr(exc))), None
+            bug = PageError("parse-error", repr(exc))
+            return Analysis(page, raw_fp, error=bug, canonical_s=perf_counter() - started), None
         a = Analysis(
             page,
             raw_fp,
             xxhash.xxh3_64_intdigest(tokens.codepoints.tobytes()),
             text_length=int(tokens.codepoints.shape[0]),
             shingle_count=max(0, len(tokens) - self.settings.shingle_words + 1),
+            canonical_s=perf_counter() - started,
         )
         return a, tokens
 
@@ -110,9 +166,11 @@ class Analyzer:
         """Sketch, features and LD signature (skipped for short pages)."""
         if a.shingle_count < self.settings.min_shingles:
             return a
+        started = perf_counter()
         sk = self.sketcher.sketch(self.sketcher.shingles(tokens.hashes))
         sig = ldsig.signature(tokens.codepoints, self.settings.ld_c, self.settings.ld_n)
-        return replace(a, sketch=sk, features=self.sketcher.features(sk), ld_signature=sig)
+        return replace(a, sketch=sk, features=self.sketcher.features(sk), ld_signature=sig,
+                       sketch_s=perf_counter() - started)
 
 
 _WORKER: Analyzer | None = None
@@ -159,13 +217,19 @@ class Deduplicator:
     'keep'
     """
 
-    def __init__(self, settings: Settings | None = None, index: FeatureIndex | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, index: FeatureIndex | None = None,
+        observer: Observer | None = None,
+    ) -> None:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         self.index: FeatureIndex = index or MemoryIndex(
             self.settings.params.stamp, self.settings.max_posting
         )
         self.counters = Counters()
+        self.observer: Observer = observer or NullObserver()
+        # Serializes everything that reads or changes the index, counters and _recent.
+        self.lock = threading.RLock()
         # Decisions by input position: a page delivered again (Kafka re-delivers what was
         # not committed) gets the decision it got the first time, never "duplicate of itself".
         self._recent: OrderedDict[str, Decision] = OrderedDict()
@@ -173,16 +237,32 @@ class Deduplicator:
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
         """Decide one page (and remember it if kept). Sketches only when it must."""
-        again = self._seen(page)
-        if again is not None:
-            return again
-        first = self.index.first_with(RAW, raw_fingerprint(page.body))
-        if first is not None:
-            return self._record(self._dup(page, EXACT, first))
-        a, tokens = self.analyzer.canonical(page)
-        if tokens is not None and not self._canonical_match(a):
-            a = self.analyzer.finish(a, tokens)
-        return self.decide(a)
+        with self.lock:
+            again = self._seen(page)
+            if again is not None:
+                return again
+            started = perf_counter()
+            first = self.index.first_with(RAW, raw_fingerprint(page.body))
+            if first is not None:
+                times = StageTimes(index_s=perf_counter() - started)
+                return self._record(self._dup(page, EXACT, first), len(page.body), times)
+            a, tokens = self.analyzer.canonical(page)
+            if tokens is not None and not self._canonical_match(a):
+                a = self.analyzer.finish(a, tokens)
+            return self.decide(a)
+
+    def would_decide(self, page: Page) -> Decision:
+        """The decision `check` would give `page` now, without inserting, counting or
+        remembering it (a kept page gets no page_id). Safe to call from another thread."""
+        a = self.analyzer.analyze(page)  # pure: outside the lock
+        with self.lock:
+            earlier = self._recent.get(page.source) if page.source is not None else None
+            if earlier is not None:
+                return earlier
+            if a.error is not None:
+                return Decision(page.url, "reject", a.error.kind, error=a.error.message,
+                                source=page.source)
+            return self._decide(a, insert=False)[0]
 
     def check_html(self, url: str, html: str | bytes, content_type: str | None = None) -> Decision:
         body = html.encode("utf-8") if isinstance(html, str) else html
@@ -201,13 +281,14 @@ class Deduplicator:
     ) -> list[Decision]:
         """Decisions for a batch, in order; the pure stages may run in `pool` (see
         `analysis_pool`). Gives exactly the decisions `check` would give one by one."""
-        todo = [
-            item
-            for item in items
-            if isinstance(item, Page)
-            and (item.source is None or item.source not in self._recent)
-            and not self._stored(raw_fingerprint(item.body))
-        ]
+        with self.lock:
+            todo = [
+                item
+                for item in items
+                if isinstance(item, Page)
+                and (item.source is None or item.source not in self._recent)
+                and not self._stored(raw_fingerprint(item.body))
+            ]
         if pool is None or len(todo) < 2:
             analyses = [self.analyzer.analyze(p) for p in todo]
         else:
@@ -221,46 +302,81 @@ class Deduplicator:
                 out.append(self.decide(by_identity[id(item)]))
             else:
                 out.append(self.check(item))  # an exact copy of a page already stored
+        with self.lock:
+            self.observer.batch(self.index)
         return out
 
     def reject(self, item: Rejected) -> Decision:
-        return self._record(
-            Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
-        )
+        return self._reject(item, len(item.raw or b""), _NOT_RUN)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The running totals, copied consistently (for /v1/stats)."""
+        with self.lock:
+            assert self.counters.decisions is not None and self.counters.verify is not None
+            return {
+                "pages": self.counters.pages,
+                "redelivered": self.counters.redelivered,
+                "decisions": {f"{d}/{r}": n for (d, r), n in sorted(
+                    self.counters.decisions.items())},
+                "verification": dict(self.counters.verify),
+                "index_pages": len(self.index),
+            }
 
     # --- the ordered, stateful part ---------------------------------------------------
     def decide(self, a: Analysis) -> Decision:
-        page, s = a.page, self.settings
+        page = a.page
         if a.error is not None:
-            return self.reject(Rejected(page.url, a.error.kind, a.error.message, page.source))
+            rejected = Rejected(page.url, a.error.kind, a.error.message, page.source)
+            return self._reject(rejected, len(page.body), StageTimes(canonical_s=a.canonical_s))
+        with self.lock:
+            started = perf_counter()
+            d, verify_s = self._decide(a, insert=True)
+            index_s = perf_counter() - started - verify_s
+            times = StageTimes(a.canonical_s, a.sketch_s, index_s, verify_s)
+            return self._record(d, len(page.body), times)
+
+    def _decide(self, a: Analysis, *, insert: bool) -> tuple[Decision, float]:
+        """The decision for an analysed page, and the seconds verification took. Changes
+        nothing but the index (a kept page is inserted when `insert`)."""
+        page, s = a.page, self.settings
         first = self.index.first_with(RAW, a.raw_fp)
         if first is not None:
-            return self._record(self._dup(page, EXACT, first))
+            return self._dup(page, EXACT, first), 0.0
         first = self._canonical_match(a)
         if first is not None:
-            return self._record(self._dup(page, R_CANONICAL, first))
+            return self._dup(page, R_CANONICAL, first), 0.0
         if a.shingle_count < s.min_shingles:
-            return self._record(self._keep(a, UNIQUE, short=True))
+            return self._keep(a, UNIQUE, insert, short=True), 0.0
         if a.sketch is None:  # analysis stopped early (e.g. check() after a cheap pass)
             raise ValueError("decide() needs a sketched Analysis for a long page")
         assert a.features is not None
         found = self.index.candidates(a.features, s.threshold)
         if not found:
-            return self._record(self._keep(a, UNIQUE))
+            return self._keep(a, UNIQUE, insert), 0.0
         if not self._sampled(a.canonical_fp):
-            assert self.counters.verify is not None
-            self.counters.verify["unsampled"] += 1
             best, shared = found[0]
-            return self._record(self._dup(page, NEAR, best, shared=shared))
-        return self._record(self._verify(a, found))
+            return self._dup(page, NEAR, best, shared=shared), 0.0
+        started = perf_counter()
+        confirmed, (res, ld) = self._verify(a, found)
+        verify_s = perf_counter() - started
+        if confirmed is not None:
+            return confirmed, verify_s
+        kept = self._keep(a, VERIFIED_DISTINCT, insert, shared=found[0][1], resemblance=res, ld=ld)
+        return kept, verify_s
 
     # --- helpers ----------------------------------------------------------------------
+    def _reject(self, item: Rejected, nbytes: int, times: StageTimes) -> Decision:
+        d = Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
+        with self.lock:
+            return self._record(d, nbytes, times)
+
     def _seen(self, page: Page) -> Decision | None:
         if page.source is None:
             return None
         earlier = self._recent.get(page.source)
         if earlier is not None:
             self.counters.redelivered += 1
+            self.observer.redelivered(earlier)
         return earlier
 
     def _stored(self, raw_fp: int) -> bool:
@@ -280,9 +396,13 @@ class Deduplicator:
             return rate > 0.0
         return rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate
 
-    def _verify(self, a: Analysis, found: list[tuple[int, int]]) -> Decision:
+    def _verify(
+        self, a: Analysis, found: list[tuple[int, int]]
+    ) -> tuple[Decision | None, tuple[float, float]]:
+        """The confirmed near-duplicate decision (or None), and the first candidate's
+        (resemblance, estimated LD)."""
         s = self.settings
-        assert a.sketch is not None and self.counters.verify is not None
+        assert a.sketch is not None
         best_seen: tuple[float, float] | None = None
         for page_id, shared in found[: s.verify_max_candidates]:
             doc = self.index.doc(page_id)
@@ -292,23 +412,24 @@ class Deduplicator:
             if best_seen is None:
                 best_seen = (res, float(ld))
             if res >= s.verify_min_resemblance and ratio <= s.verify_max_ld_ratio:
-                self.counters.verify["confirmed"] += 1
                 return Decision(
                     a.page.url, "drop", NEAR, duplicate_of=DuplicateOf(page_id, doc.url),
                     shared_features=shared, resemblance=res, ld_estimate=float(ld),
                     verified=True, source=a.page.source,
-                )
-        self.counters.verify["overturned"] += 1
+                ), (res, float(ld))
         assert best_seen is not None
-        return self._keep(
-            a, VERIFIED_DISTINCT, shared=found[0][1], resemblance=best_seen[0], ld=best_seen[1]
-        )
+        return None, best_seen
 
     def _keep(
-        self, a: Analysis, reason: str, *, short: bool = False, shared: int = 0,
+        self, a: Analysis, reason: str, insert: bool, *, short: bool = False, shared: int = 0,
         resemblance: float | None = None, ld: float | None = None,
     ) -> Decision:
         assert a.canonical_fp is not None
+        if not insert:
+            return Decision(
+                a.page.url, "keep", reason, shared_features=shared, resemblance=resemblance,
+                ld_estimate=ld, short=short, source=a.page.source,
+            )
         empty = np.zeros(0, dtype=np.uint64)
         page_id = self.index.insert(
             StoredDoc(
@@ -333,10 +454,14 @@ class Deduplicator:
             shared_features=shared, source=page.source,
         )
 
-    def _record(self, d: Decision) -> Decision:
-        assert self.counters.decisions is not None
+    def _record(self, d: Decision, nbytes: int, times: StageTimes) -> Decision:
+        assert self.counters.decisions is not None and self.counters.verify is not None
         self.counters.pages += 1
         self.counters.decisions[(d.decision, d.reason)] += 1
+        outcome = verify_outcome(d)
+        if outcome is not None:
+            self.counters.verify[outcome] += 1
+        self.observer.page(d, nbytes, times)
         limit = self.settings.recent_decisions
         if d.source is not None and limit > 0:
             self._recent[d.source] = d

@@ -16,6 +16,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from .config import Settings
+from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator, analysis_pool
 from .sinks import Sink, dead_letter_record
@@ -97,10 +98,13 @@ def replay(
     workers: int = 1,
     dead_letter: IO[str] | None = None,
     progress: bool = False,
+    metrics: Metrics | None = None,
 ) -> ReplaySummary:
-    """Decide every page of `paths` (in order) and write the decisions to `sink`."""
+    """Decide every page of `paths` (in order) and write the decisions to `sink`. With
+    `metrics`, also report latency and progress there (a `dedup` given along should have
+    been made with `observer=metrics`)."""
     settings = settings or Settings()
-    dedup = dedup or Deduplicator(settings)
+    dedup = dedup or Deduplicator(settings, observer=metrics)
     stats = SourceStats()
     summary = ReplaySummary()
     started = time.perf_counter()
@@ -108,12 +112,16 @@ def replay(
     bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     try:
         for batch in _batches(iter_inputs([Path(p) for p in paths], stats), BATCH):
+            received = time.time()
             decisions: list[Decision] = dedup.check_batch(batch, pool)
             for item, decision in zip(batch, decisions, strict=True):
                 sink.write(decision)
                 summary.decisions[f"{decision.decision}/{decision.reason}"] += 1
                 if dead_letter is not None and isinstance(item, Rejected):
                     dead_letter.write(dead_letter_record(item) + "\n")
+            if metrics is not None:  # archived fetch times are history: count from reading
+                metrics.decided(batch, received, time.time(), since_fetch=False)
+                metrics.progress()
             summary.pages += len(batch)
             bar.update(len(batch))
             bar.set_postfix(kept=summary.count("keep"), dropped=summary.count("drop"),

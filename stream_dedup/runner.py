@@ -14,6 +14,10 @@ A crash anywhere before 6 means the batch is consumed again: outputs may repeat,
 lost. A send that fails is retried with backoff (the batch is not committed until it goes
 through). A rebalance waits for the batch in flight (steps 3-6 hold a lock that the revoke
 callback takes), so partitions are handed over committed.
+
+Metrics (metrics.py): consumer lag per partition after every poll, commit latency, failed
+Kafka operations, dead letters, and page -> decision latency once a batch's outputs are
+acknowledged.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IllegalStateError, KafkaError
 
 from .config import Settings
+from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator
 from .sources.kafka import page_from_message, source_of
@@ -39,6 +44,7 @@ from .sources.kafka import page_from_message, source_of
 log = logging.getLogger("stream_dedup.runner")
 
 MAX_BACKOFF_S = 30.0
+POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
 
 
 @dataclass
@@ -50,14 +56,17 @@ class RunStats:
     decisions: dict[str, int] = field(default_factory=dict)
 
 
-async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.Event) -> Any:
-    """Run `attempt` until it succeeds, with exponential backoff, logging every failure.
-    Gives up only when `stop` is set (then re-raises the last error)."""
+async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.Event,
+                failed: Callable[[KafkaError], None] | None = None) -> Any:
+    """Run `attempt` until it succeeds, with exponential backoff, logging (and telling
+    `failed` about) every failure. Gives up only when `stop` is set (re-raising the error)."""
     delay = 0.5
     while True:
         try:
             return await attempt()
         except KafkaError as exc:
+            if failed is not None:
+                failed(exc)
             if stop.is_set():
                 raise
             log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__,
@@ -70,12 +79,14 @@ async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.
 
 
 class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, lock: asyncio.Lock) -> None:
+    def __init__(self, lock: asyncio.Lock, metrics: Metrics) -> None:
         self._lock = lock
+        self._metrics = metrics
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:  # the batch in flight is sent and committed first
             log.info("partitions revoked: %s", _names(revoked))
+            self._metrics.forget_partitions((tp.topic, tp.partition) for tp in revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned: %s", _names(assigned))
@@ -93,15 +104,17 @@ class Runner:
         consumer: AIOKafkaConsumer,
         producer: AIOKafkaProducer,
         pool: Executor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.dedup = dedup
         self.consumer = consumer
         self.producer = producer
         self.pool = pool
+        self.metrics = metrics or Metrics(settings, process=False)
         self.stats = RunStats()
         self.lock = asyncio.Lock()
-        self.listener = _FinishBeforeRevoke(self.lock)
+        self.listener = _FinishBeforeRevoke(self.lock, self.metrics)
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.last_progress = time.monotonic()
 
@@ -112,14 +125,20 @@ class Runner:
                 fetched = await self.consumer.getmany(
                     timeout_ms=500, max_records=self.settings.batch_size
                 )
+                received = time.time()
                 if fetched:
                     async with self.lock:
-                        await self.process(fetched, stop)
+                        await self.process(fetched, stop, received)
+                else:  # idle: the index gauges may lag behind the last batch
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._thread, self.metrics.refresh_index, self.dedup)
+                await self._observe_lag()
         finally:
             self._thread.shutdown(wait=True)
 
     async def process(
-        self, fetched: dict[TopicPartition, list[ConsumerRecord]], stop: asyncio.Event
+        self, fetched: dict[TopicPartition, list[ConsumerRecord]], stop: asyncio.Event,
+        received: float | None = None,
     ) -> None:
         owned = self.consumer.assignment()
         batch = [(tp, rec) for tp, recs in fetched.items() if tp in owned for rec in recs]
@@ -133,14 +152,23 @@ class Runner:
         decisions: list[Decision] = await loop.run_in_executor(
             self._thread, self.dedup.check_batch, items, self.pool
         )
-        await retry("sending a batch's outputs", lambda: self._send(batch, items, decisions), stop)
+        m = self.metrics
+        await retry("sending a batch's outputs", lambda: self._send(batch, items, decisions),
+                    stop, lambda _: m.kafka_error("produce"))
+        sent = time.time()
+        m.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
         if self.stats.batches + 1 == self.settings.fault_exit_before_commit:
             log.error("fault injection: exiting before committing batch %d", self.stats.batches + 1)
             os._exit(70)
         offsets: dict[TopicPartition, int] = {}
         for tp, rec in batch:
             offsets[tp] = max(offsets.get(tp, 0), rec.offset + 1)
-        await retry("committing offsets", lambda: self.consumer.commit(offsets), stop)
+        started = time.perf_counter()
+        await retry("committing offsets", lambda: self.consumer.commit(offsets), stop,
+                    lambda _: m.kafka_error("commit"))
+        m.commit_seconds.observe(time.perf_counter() - started)
+        m.decided(items, sent if received is None else received, sent)
+        m.progress()
         self.stats.batches += 1
         self.stats.records += len(batch)
         self.stats.committed += len(batch)
@@ -148,6 +176,21 @@ class Runner:
             key = f"{d.decision}/{d.reason}"
             self.stats.decisions[key] = self.stats.decisions.get(key, 0) + 1
         self.last_progress = time.monotonic()
+
+    async def _observe_lag(self) -> None:
+        """Lag = highwater - position for every assigned partition the fetcher has seen."""
+        for tp in self.consumer.assignment():
+            if tp not in self.consumer.assignment():  # revoked while we awaited
+                continue
+            highwater = self.consumer.highwater(tp)
+            if highwater is None:
+                continue
+            try:
+                position = await asyncio.wait_for(self.consumer.position(tp), POSITION_TIMEOUT_S)
+            except (TimeoutError, IllegalStateError):
+                continue
+            if tp in self.consumer.assignment():  # a revoke meanwhile forgot its lag
+                self.metrics.consumer_lag(tp.topic, tp.partition, max(0, highwater - position))
 
     def _item(self, rec: ConsumerRecord) -> Page | Rejected:
         return page_from_message(

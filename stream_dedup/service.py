@@ -4,6 +4,11 @@ Builds the aiokafka clients from Settings (the only place that knows their keywo
 arguments), starts them with retries so a broker that is not up yet is waited for (and
 said so in the log), runs the batch loop until SIGTERM/SIGINT, then finishes the batch in
 flight, flushes, and closes: every decided record is committed and the exit code is 0.
+
+    serve() ── aiohttp app (HTTP API on --http-host:--http-port; 0 = no listener)
+                 └── cleanup_ctx: Service.run() task: load index -> connect -> Runner.run
+The HTTP server and the runner share one event loop; deciding happens in the runner's
+worker thread, so the loop keeps answering /metrics and /readyz during a batch.
 """
 
 from __future__ import annotations
@@ -11,15 +16,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import AsyncIterator
 from typing import Any
 
+from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.errors import KafkaError
 
 from .config import Settings
+from .http.app import ApiState, Check, build_app
+from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
 from .runner import Runner, retry
 
 log = logging.getLogger("stream_dedup.service")
+
+PROBE_TIMEOUT_S = 3.0  # /readyz: how long a metadata request may take
 
 
 def consumer_kwargs(s: Settings) -> dict[str, Any]:
@@ -46,6 +58,7 @@ def producer_kwargs(s: Settings) -> dict[str, Any]:
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
+    """Run the service until `stop` (or SIGTERM/SIGINT); the exit code."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -53,39 +66,117 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
             loop.add_signal_handler(sig, _stopper(stop, sig))
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
-    dedup = Deduplicator(settings)
-    pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
-    consumer = AIOKafkaConsumer(**consumer_kwargs(settings))
-    producer = AIOKafkaProducer(**producer_kwargs(settings))
-    runner = Runner(settings, dedup, consumer, producer, pool)
-    consumer.subscribe([settings.input_topic], listener=runner.listener)
-    log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
-             "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
-             settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
-             settings.bootstrap_servers, settings.workers)
-    started: list[Any] = []
+    service = Service(settings, stop)
+    app = build_app(service.api)
+    app[SERVICE] = service
+    app.cleanup_ctx.append(_kafka_task)
+    web_runner = web.AppRunner(app, access_log=None)
+    await web_runner.setup()  # starts the Kafka task
     try:
-        for name, client in (("producer", producer), ("consumer", consumer)):
-            await retry(f"connecting the {name} to {settings.bootstrap_servers}",
-                        client.start, stop)
-            started.append(client)
-        log.info("connected; consuming")
-        await runner.run(stop)
-    except Exception:
-        if not stop.is_set():
-            log.exception("stopping on an unexpected error")
-            return 1
+        if settings.http_port:
+            host, port = settings.http_host, settings.http_port
+            try:
+                await web.TCPSite(web_runner, host, port).start()
+            except OSError as exc:
+                log.error("cannot serve HTTP on %s:%d (%s); --http-port 0 turns it off",
+                          host, port, exc)
+                return 1
+            log.info("HTTP API on http://%s:%d: /metrics /healthz /readyz /v1/check /v1/stats",
+                     host, port)
+        assert service.task is not None
+        return await asyncio.shield(service.task)
     finally:
-        for client in reversed(started):
-            if client is producer:
-                await producer.flush()
-            await client.stop()
-        if pool is not None:
-            pool.shutdown()
-        s = runner.stats
-        log.info("stopped after %d records in %d batches (all committed); decisions: %s",
-                 s.records, s.batches, s.decisions)
-    return 0
+        await web_runner.cleanup()  # sets stop and waits for the Kafka task
+
+
+SERVICE: web.AppKey[Service] = web.AppKey("service")
+
+
+async def _kafka_task(app: web.Application) -> AsyncIterator[None]:
+    """The Kafka side hangs off the app: started with it, finished before it closes."""
+    service = app[SERVICE]
+    service.task = asyncio.create_task(service.run(), name="kafka")
+    yield
+    service.stop.set()
+    await service.task
+
+
+class Service:
+    """Index, Kafka clients and runner of `serve`, and what the HTTP API reads of them."""
+
+    def __init__(self, settings: Settings, stop: asyncio.Event) -> None:
+        self.settings = settings
+        self.stop = stop
+        self.metrics = Metrics(settings)
+        self.api = ApiState(settings, self.metrics, broker=self.probe_broker,
+                            pending=lambda: sum(self.metrics.lags.values()),
+                            extra_stats=self.kafka_stats)
+        self.runner: Runner | None = None
+        self.connected = False
+        self.task: asyncio.Task[int] | None = None
+
+    async def run(self) -> int:
+        settings, stop = self.settings, self.stop
+        # Loading an index may take a while; /healthz answers and /readyz says so meanwhile.
+        dedup = await asyncio.to_thread(Deduplicator, settings, None, self.metrics)
+        self.api.dedup = dedup
+        pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
+        consumer = AIOKafkaConsumer(**consumer_kwargs(settings))
+        producer = AIOKafkaProducer(**producer_kwargs(settings))
+        runner = self.runner = Runner(settings, dedup, consumer, producer, pool, self.metrics)
+        consumer.subscribe([settings.input_topic], listener=runner.listener)
+        log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
+                 "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
+                 settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
+                 settings.bootstrap_servers, settings.workers)
+        started: list[Any] = []
+        try:
+            for name, client in (("producer", producer), ("consumer", consumer)):
+                await retry(f"connecting the {name} to {settings.bootstrap_servers}",
+                            client.start, stop, lambda _: self.metrics.kafka_error("connect"))
+                started.append(client)
+            self.connected = True
+            log.info("connected; consuming")
+            await runner.run(stop)
+        except Exception:
+            if not stop.is_set():
+                log.exception("stopping on an unexpected error")
+                return 1
+        finally:
+            self.connected = False
+            for client in reversed(started):
+                if client is producer:
+                    await producer.flush()
+                await client.stop()
+            if pool is not None:
+                pool.shutdown()
+            s = runner.stats
+            log.info("stopped after %d records in %d batches (all committed); decisions: %s",
+                     s.records, s.batches, s.decisions)
+        return 0
+
+    async def probe_broker(self) -> Check:
+        """Reachable = connected, and a metadata request answered within PROBE_TIMEOUT_S."""
+        if self.runner is None or not self.connected:
+            return Check(False, f"not connected to {self.settings.bootstrap_servers} yet")
+        try:
+            await asyncio.wait_for(self.runner.consumer.topics(), PROBE_TIMEOUT_S)
+        except (TimeoutError, KafkaError, OSError) as exc:
+            return Check(False, f"no metadata from {self.settings.bootstrap_servers} "
+                         f"({type(exc).__name__})")
+        return Check(True, self.settings.bootstrap_servers)
+
+    def kafka_stats(self) -> dict[str, Any]:
+        runner = self.runner
+        lags = {f"{t}/{p}": n for (t, p), n in sorted(self.metrics.lags.items())}
+        return {"kafka": {
+            "connected": self.connected,
+            "batches": runner.stats.batches if runner else 0,
+            "records": runner.stats.records if runner else 0,
+            "committed": runner.stats.committed if runner else 0,
+            "consumer_lag": lags,
+            "consumer_lag_total": sum(lags.values()),
+        }}
 
 
 def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:

@@ -92,7 +92,7 @@ class Service:
         cmd = [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
                "--input-topic", t["input"], "--decisions-topic", t["decisions"],
                "--kept-topic", t["kept"], "--dead-letter-topic", t["dead"],
-               "--group-id", t["group"], *extra]
+               "--group-id", t["group"], "--http-port", "0", *extra]  # extra may override
         self.fh = open(log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.fh, stderr=subprocess.STDOUT,
                                      env={**os.environ, **(env or {})})

@@ -1,0 +1,226 @@
+"""The HTTP API (aiohttp): what `serve` (and `replay --http-port`) answer on.
+
+    GET  /metrics     Prometheus text exposition                     open
+    GET  /healthz     the process answers                            open
+    GET  /readyz      broker reachable, index loaded, not stalled    open (503 when not ready)
+    POST /v1/check    the decision a page *would* get; not inserted  bearer token if configured
+    GET  /v1/stats    a JSON summary                                 bearer token if configured
+
+Errors are JSON, `{"error": kind, "message": ...}`, with a 4xx status that says whose fault
+it is (400 bad input, 401 token, 404/405 route, 413 too large, 415 content type, 503 not
+ready). Everything the handlers need is one `ApiState` under a typed AppKey; the owner
+(service or replay) fills it in. `/v1/check` runs `Deduplicator.would_decide` in a thread:
+the Deduplicator's lock orders it with the batch being decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from .. import __version__
+from ..config import Settings
+from ..errors import PageError
+from ..metrics import Metrics
+from ..models import Page
+from ..pipeline import Deduplicator
+from ..sources.jsonl import page_from_json
+
+HTML_TYPES = ("text/html", "application/xhtml+xml")
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    ok: bool
+    detail: str
+
+
+class ApiState:
+    """What the handlers read. `dedup` is None while the index loads; `broker` probes the
+    Kafka cluster (None: no broker, as in replay); `pending` says how many input records
+    wait (None: unknown, counted as waiting); `extra_stats` adds a section to /v1/stats."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        dedup: Deduplicator | None = None,
+        *,
+        broker: Callable[[], Awaitable[Check]] | None = None,
+        pending: Callable[[], int | None] = lambda: None,
+        extra_stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.dedup = dedup
+        self.broker = broker
+        self.pending = pending
+        self.extra_stats = extra_stats
+        self.started = time.time()
+
+    async def readiness(self) -> dict[str, Check]:
+        checks: dict[str, Check] = {}
+        if self.broker is not None:
+            checks["broker"] = await self.broker()
+        checks["index"] = (Check(True, "loaded") if self.dedup is not None
+                           else Check(False, "loading"))
+        idle = time.monotonic() - self.metrics.progress_at
+        pending = self.pending()
+        stalled = pending != 0 and idle > self.settings.stall_seconds
+        waiting = "unknown" if pending is None else str(pending)
+        checks["progress"] = Check(not stalled, f"last batch {idle:.0f} s ago; "
+                                   f"{waiting} records waiting")
+        return checks
+
+
+STATE = web.AppKey("state", ApiState)
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, kind: str, message: str,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.message = status, kind, message
+        self.headers = dict(headers or {})
+
+
+def max_request_bytes(settings: Settings) -> int:
+    """The largest accepted request: the largest page, base64-encoded, plus its JSON."""
+    return settings.max_page_bytes * 4 // 3 + 64 * 1024
+
+
+def build_app(state: ApiState) -> web.Application:
+    app = web.Application(client_max_size=max_request_bytes(state.settings),
+                          middlewares=[_errors, _auth])
+    app[STATE] = state
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/readyz", _readyz)
+    app.router.add_post("/v1/check", _check)
+    app.router.add_get("/v1/stats", _stats)
+    return app
+
+
+# --- middlewares ---------------------------------------------------------------------------
+_STATUS_KINDS = {404: "not-found", 405: "method-not-allowed", 413: "too-large"}
+
+
+def _error(status: int, kind: str, message: str,
+           headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": kind, "message": message}, status=status,
+                             headers=headers)
+
+
+@web.middleware
+async def _errors(request: web.Request,
+                  handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                  ) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as err:
+        return _error(err.status, err.kind, err.message, err.headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        keep = {k: v for k, v in exc.headers.items() if k in ("Allow", "WWW-Authenticate")}
+        return _error(exc.status, _STATUS_KINDS.get(exc.status, "http-error"),
+                      exc.text or exc.reason, keep)
+
+
+@web.middleware
+async def _auth(request: web.Request,
+                handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    token = request.app[STATE].settings.http_token
+    if token and request.path.startswith("/v1/"):
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                given.strip().encode(), token.encode()):
+            raise ApiError(401, "unauthorized", "this endpoint needs 'Authorization: Bearer "
+                           "<token>' with the service's token (STREAM_DEDUP_HTTP_TOKEN)",
+                           {"WWW-Authenticate": 'Bearer realm="stream-dedup"'})
+    return await handler(request)
+
+
+# --- handlers ------------------------------------------------------------------------------
+async def _metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[STATE].metrics.exposition()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    checks = await request.app[STATE].readiness()
+    ready = all(c.ok for c in checks.values())
+    body = {"ready": ready,
+            "checks": {name: {"ok": c.ok, "detail": c.detail} for name, c in checks.items()}}
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def _check(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    dedup = _loaded(state)
+    page = await _page(request, state.settings)
+    decision = await asyncio.to_thread(dedup.would_decide, page)
+    return web.json_response({"decision": decision.to_dict(), "inserted": False})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    dedup = _loaded(state)
+    s, metrics = state.settings, state.metrics
+    body: dict[str, Any] = {
+        "version": __version__,
+        "uptime_seconds": round(time.time() - state.started, 3),
+        **await asyncio.to_thread(dedup.snapshot),
+        "near_precision_estimate": metrics.precision_estimate(),
+        "verify_rate": s.verify_rate,
+        "index": metrics.index_stats,
+        "seconds_since_progress": round(time.monotonic() - metrics.progress_at, 3),
+        "params": {"shingle_words": s.shingle_words, "groups": s.groups,
+                   "group_size": s.group_size, "threshold": s.threshold,
+                   "stamp": f"{s.params.stamp:#x}"},
+    }
+    if state.extra_stats is not None:
+        body.update(state.extra_stats())
+    return web.json_response(body)
+
+
+def _loaded(state: ApiState) -> Deduplicator:
+    if state.dedup is None:
+        raise ApiError(503, "not-ready", "the index is still loading")
+    return state.dedup
+
+
+async def _page(request: web.Request, settings: Settings) -> Page:
+    """The page of a /v1/check request: a JSON page object, or HTML with ?url=."""
+    limit = max_request_bytes(settings)
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too-large", f"request body of {request.content_length} bytes; "
+                       f"the limit is {limit} (max_page_bytes={settings.max_page_bytes})")
+    kind = request.content_type
+    if kind != "application/json" and kind not in HTML_TYPES:
+        raise ApiError(415, "unsupported-media-type", f"Content-Type {kind!r}: send "
+                       "application/json (a page object, as on the input topic) or text/html "
+                       "with ?url=<the page's URL>")
+    body = await request.read()  # over client_max_size: HTTPRequestEntityTooLarge (413)
+    if not body:
+        raise ApiError(400, "no-body", "the request body is empty")
+    if kind == "application/json":
+        try:
+            return page_from_json(body)
+        except PageError as err:
+            raise ApiError(400, err.kind, err.message) from None
+    url = request.query.get("url", "").strip()
+    if not url:
+        raise ApiError(400, "no-url", "HTML needs the page's URL: POST /v1/check?url=<url>")
+    return Page(url=url, body=body, headers=(("Content-Type", request.headers["Content-Type"]),))

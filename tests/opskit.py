@@ -1,0 +1,83 @@
+"""Helpers of the operations tests (metrics, HTTP API, Prometheus, deploy files)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEPLOY = REPO / "deploy"
+_WORDS = [f"w{i}x" for i in range(5000)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def html(paragraphs: list[str]) -> str:
+    return "<html><body>" + "".join(f"<p>{p}</p>" for p in paragraphs) + "</body></html>"
+
+
+def reordered_pair(seed: int = 4) -> tuple[str, str]:
+    """An article and the same paragraphs in another order: the filter calls them
+    near-duplicates (same shingles), verification overturns it (large edit distance)."""
+    rng = random.Random(seed)
+    paras = [" ".join(rng.choice(_WORDS) for _ in range(300)) for _ in range(8)]
+    first = html(paras)
+    rng.shuffle(paras)
+    return first, html(paras)
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+def get_json(url: str) -> Any:
+    status, body = get(url)
+    assert status == 200, (url, status, body[:500])
+    return json.loads(body)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def sample_names(exposition: str) -> set[str]:
+    """Names of the samples of a Prometheus text exposition (`x_total`, `x_bucket`...)."""
+    return {line.split("{", 1)[0].split(" ", 1)[0]
+            for line in exposition.splitlines() if line and not line.startswith("#")}
+
+
+def samples(exposition: str, name: str) -> dict[str, float]:
+    """`{labels}` -> value of every sample called `name`."""
+    out = {}
+    for line in exposition.splitlines():
+        m = re.fullmatch(re.escape(name) + r"(\{.*\})? (\S+)", line)
+        if m:
+            out[m.group(1) or ""] = float(m.group(2))
+    return out
+
+
+def queried_metrics(expr: str) -> set[str]:
+    """Metric names a PromQL expression selects (ours and the process collector's)."""
+    return set(re.findall(r"\b((?:stream_dedup|process|python)_[a-z0-9_]+)\b", expr))

@@ -1,0 +1,156 @@
+"""deploy/ and the compose stack, checked without Docker: promtool on the Prometheus config
+and alert rules (and their unit tests), the Compose schema on docker-compose.yml, and the
+commands and files the stack refers to."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from typing import Any
+
+import pytest
+import yaml
+from opskit import DEPLOY, REPO
+
+from stream_dedup.cli import build_parser
+
+SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
+PROMETHEUS = DEPLOY / "prometheus"
+GRAFANA = DEPLOY / "grafana"
+
+
+def _compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((REPO / "docker-compose.yml").read_text()))
+
+
+def _promtool(*args: str) -> str:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing (apt-get install prometheus; .ci/run installs it)")
+    out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout + out.stderr
+
+
+# --- Prometheus --------------------------------------------------------------------------------
+def test_promtool_checks_the_config_and_rules() -> None:
+    assert "SUCCESS" in _promtool("check", "config", str(PROMETHEUS / "prometheus.yml"))
+    assert "6 rules found" in _promtool("check", "rules", str(PROMETHEUS / "alerts.yml"))
+
+
+def test_each_alert_fires_on_its_series() -> None:
+    tests = yaml.safe_load((PROMETHEUS / "alerts_test.yml").read_text())
+    rules = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
+    alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    fired = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"]
+             if case["exp_alerts"]}
+    assert fired == alerts  # every alert has a case where it fires
+    assert "SUCCESS" in _promtool("test", "rules", str(PROMETHEUS / "alerts_test.yml"))
+
+
+def test_prometheus_scrapes_the_compose_service() -> None:
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    (target,) = job["static_configs"][0]["targets"]
+    host, port = target.split(":")
+    service = _compose()["services"][host]
+    command = service["command"]
+    assert command[command.index("--http-port") + 1] == port
+    assert command[command.index("--http-host") + 1] == "0.0.0.0"
+    assert job["job_name"] == "stream-dedup"  # the alerts' up{job="stream-dedup"}
+
+
+# --- Grafana -----------------------------------------------------------------------------------
+def test_grafana_dashboard_and_datasource_fit_together() -> None:
+    ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (source,) = ds["datasources"]
+    assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
+    dash = json.loads((GRAFANA / "dashboards" / "stream-dedup.json").read_text())
+    titles = " | ".join(p["title"] for p in dash["panels"]).lower()
+    for needed in ("throughput", "dedup rate by reason", "precision", "lag", "latency"):
+        assert needed in titles
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dash["panels"]:
+        assert panel["datasource"]["uid"] == source["uid"]
+        assert panel["targets"] and all(t["expr"] for t in panel["targets"])
+    provider = yaml.safe_load(
+        (GRAFANA / "provisioning" / "dashboards" / "stream-dedup.yml").read_text())
+    path = provider["providers"][0]["options"]["path"]
+    mounts = _compose()["services"]["grafana"]["volumes"]
+    assert f"./deploy/grafana/dashboards:{path}:ro" in mounts
+
+
+# --- Compose and Dockerfile --------------------------------------------------------------------
+def test_compose_file_matches_the_compose_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    if not SCHEMA.exists():
+        pytest.skip(f"{SCHEMA} is absent")
+    schema = json.loads(SCHEMA.read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    errors = [f"{'/'.join(map(str, e.path))}: {e.message}"
+              for e in validator.iter_errors(_compose())]
+    assert errors == []
+    broken = dict(_compose(), services={"x": {"image": "a", "depends_on": {"y": {"what": 1}}}})
+    assert list(validator.iter_errors(broken))  # the validator does reject nonsense
+
+
+def test_compose_stack_is_complete_and_real() -> None:
+    services = _compose()["services"]
+    assert set(services) == {"kafka", "stream-dedup", "sample-crawl", "prometheus", "grafana"}
+    images = {name: s.get("image", "") for name, s in services.items()}
+    assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", images["kafka"])
+    assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", images["prometheus"])
+    assert re.fullmatch(r"grafana/grafana:\d+\.\d+\.\d+", images["grafana"])
+    env = services["kafka"]["environment"]
+    assert "controller" in env["KAFKA_PROCESS_ROLES"] and "broker" in env["KAFKA_PROCESS_ROLES"]
+    assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
+    assert services["stream-dedup"]["build"] == "."
+    assert images["sample-crawl"] == images["stream-dedup"]  # the image built here
+    for name in ("stream-dedup", "sample-crawl"):
+        assert services[name]["environment"]["STREAM_DEDUP_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    for service in services.values():  # every bind mount exists in the repository
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (REPO / source).exists(), source
+
+
+def test_compose_commands_are_real_stream_dedup_commands() -> None:
+    services = _compose()["services"]
+    parser = build_parser()
+    serve = parser.parse_args(services["stream-dedup"]["command"])
+    assert serve.command == "serve" and serve.http_port == 8080 and serve.workers == 2
+    script = services["sample-crawl"]["command"][0].replace("$$", "$").replace("$seed", "1")
+    calls = []
+    for line in script.splitlines():
+        line = line.strip()
+        if line.startswith("stream-dedup "):
+            line = re.sub(r"\s*(>\s*/dev/null)?\s*(&&|\|\|\s*exit 1)?\s*$", "", line)
+            calls.append(parser.parse_args(shlex.split(line)[1:]))
+    assert [c.command for c in calls] == ["sample", "replay"]
+    assert calls[1].to_kafka == serve.input_topic == "pages"
+    assert calls[1].inputs == [f"{calls[0].directory}/sample.warc.gz",
+                               f"{calls[0].directory}/sample.jsonl"]
+
+
+def test_dockerfile_is_slim_and_non_root() -> None:
+    lines = [ln.strip() for ln in (REPO / "Dockerfile").read_text().splitlines()
+             if ln.strip() and not ln.lstrip().startswith("#")]
+    assert lines[0] == "FROM python:3.11-slim"
+    assert any(ln.startswith("RUN pip install .") for ln in lines)
+    users = [ln.split()[1] for ln in lines if ln.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert 'ENTRYPOINT ["stream-dedup"]' in lines
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ".git" in ignored and "tests" in ignored
+
+
+def test_docs_name_every_alert() -> None:
+    readme = (REPO / "README.md").read_text()
+    rules = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
+    for rule in (r for g in rules["groups"] for r in g["rules"]):
+        assert f"`{rule['alert']}`" in readme, rule["alert"]

@@ -94,6 +94,18 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     v.add_argument("--ld-n", type=int, metavar="N", help="LD signature window (default 4)")
 
 
+def _index_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("index (what the filter remembers)")
+    g.add_argument("--index", choices=["memory", "lsm"],
+                   help="memory (default; gone on exit) or lsm (RocksDB on disk; restarts "
+                   "and crashes are invisible in the decisions)")
+    g.add_argument("--index-path", metavar="DIR", help="the LSM index directory")
+    g.add_argument("--warm-from", metavar="DIR",
+                   help="start a memory index with the pages of an LSM index (a snapshot)")
+    g.add_argument("--retention-days", type=float, metavar="DAYS",
+                   help="lsm: forget pages crawled more than DAYS ago, while running (0 = never)")
+
+
 def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
     g = parser.add_argument_group(
         "Kafka (env STREAM_DEDUP_<NAME>, e.g. STREAM_DEDUP_BOOTSTRAP_SERVERS)")
@@ -169,15 +181,26 @@ def _replay(args: argparse.Namespace) -> int:
         print("stream-dedup: replay needs -o/--output FILE (or --to-kafka TOPIC)",
               file=sys.stderr)
         return 2
-    dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
+    from .pipeline import Deduplicator
+
+    metrics = None
+    if args.http_port:
+        from .metrics import Metrics
+
+        metrics = Metrics(settings)
+    dedup = Deduplicator(settings, observer=metrics)  # opens (and checks) the index first
     try:
-        with _replay_http(settings, args.http_port) as (dedup, metrics):
-            summary = replay(args.inputs, JsonlSink(args.output), settings, dedup=dedup,
-                             metrics=metrics, workers=settings.workers, dead_letter=dead,
-                             progress=progress)
+        dead = open(args.dead_letter, "w", encoding="utf-8") if args.dead_letter else None  # noqa: SIM115
+        try:
+            with _replay_http(settings, args.http_port, dedup, metrics):
+                summary = replay(args.inputs, JsonlSink(args.output), settings, dedup=dedup,
+                                 metrics=metrics, workers=settings.workers, dead_letter=dead,
+                                 progress=progress)
+        finally:
+            if dead is not None:
+                dead.close()
     finally:
-        if dead is not None:
-            dead.close()
+        dedup.close()
     if not args.quiet:
         print(summary.render(), file=sys.stderr)
     if args.summary_json:
@@ -187,23 +210,44 @@ def _replay(args: argparse.Namespace) -> int:
 
 @contextmanager
 def _replay_http(
-    settings: Settings, port: int | None
-) -> Iterator[tuple[Deduplicator | None, Metrics | None]]:
-    """With --http-port: a Deduplicator reporting to Metrics, served while replay runs."""
-    if not port:
-        yield None, None
+    settings: Settings, port: int | None, dedup: Deduplicator, metrics: Metrics | None
+) -> Iterator[None]:
+    """With --http-port: the API (metrics, /v1/check ...) served while replay runs."""
+    if not port or metrics is None:
+        yield
         return
     from .http.app import ApiState, build_app
     from .http.thread import BackgroundServer
-    from .metrics import Metrics
-    from .pipeline import Deduplicator
 
-    metrics = Metrics(settings)
-    dedup = Deduplicator(settings, observer=metrics)
     app = build_app(ApiState(settings, metrics, dedup))
     with BackgroundServer(app, settings.http_host, port):
         print(f"stream-dedup: HTTP API on http://{settings.http_host}:{port}", file=sys.stderr)
-        yield dedup, metrics
+        yield
+
+
+def _index(args: argparse.Namespace) -> int:
+    from .index.lsm import LsmIndex
+
+    index = LsmIndex(args.index_path, stamp=None, create=False)
+    try:
+        if args.action == "stats":
+            print(json.dumps({**index.stats(), "stamp": f"{index.stamp:#x}",
+                              "offsets": index.offsets()}, indent=2))
+        elif args.action == "compact":
+            before = index.stats()["disk_bytes"]
+            index.compact()
+            print(f"compacted {args.index_path}: {before:,.0f} -> "
+                  f"{index.stats()['disk_bytes']:,.0f} bytes", file=sys.stderr)
+        else:
+            if not args.target:
+                print("stream-dedup: index export needs a target DIR", file=sys.stderr)
+                return 2
+            index.export(args.target)
+            print(f"exported a consistent copy of {args.index_path} to {args.target}",
+                  file=sys.stderr)
+    finally:
+        index.close()
+    return 0
 
 
 def _curve(args: argparse.Namespace) -> int:
@@ -280,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_flags(rp)
     _kafka_flags(rp, serve=False)
     _http_flags(rp, serve=False)
+    _index_flags(rp)
     rp.set_defaults(func=_replay)
 
     sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
@@ -293,7 +338,22 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--log-level", default="info",
                     choices=["debug", "info", "warning", "error"])
     _engine_flags(sv)
+    _index_flags(sv)
     sv.set_defaults(func=_serve)
+
+    ip = sub.add_parser("index", help="inspect or maintain an LSM index: stats, compact, export",
+                        description="Operator commands on a persistent (--index lsm) index. "
+                        "Run them while no service holds the index (RocksDB locks it).",
+                        epilog="examples:\n  stream-dedup index stats --index-path /var/lib/sd\n"
+                        "  stream-dedup index compact --index-path /var/lib/sd\n"
+                        "  stream-dedup index export /backup/sd-2026-11-21 --index-path "
+                        "/var/lib/sd", formatter_class=argparse.RawDescriptionHelpFormatter)
+    ip.add_argument("action", choices=["stats", "compact", "export"],
+                    help="stats: pages, bytes, offsets as JSON; compact: merge files; "
+                    "export DIR: a consistent copy (also a snapshot --warm-from can load)")
+    ip.add_argument("target", nargs="?", metavar="DIR", help="export: where the copy goes")
+    ip.add_argument("--index-path", required=True, metavar="DIR", help="the index directory")
+    ip.set_defaults(func=_index)
 
     cp = sub.add_parser("curve", help="print (or plot) the filter's acceptance curve P_{k,s,r}",
                         description="The probability that two pages of resemblance rho share "

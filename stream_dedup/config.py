@@ -57,6 +57,11 @@ class Settings:
     http_port: int = 8080  # 0: no HTTP server
     http_token: str = field(default="", repr=False)  # bearer token for /v1/*; empty: open
     stall_seconds: float = 120.0  # /readyz fails when records wait and no batch finished since
+    # --- the index ---
+    index: str = "memory"  # memory | lsm
+    index_path: str = ""  # the LSM directory (required with index = "lsm")
+    warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
+    retention_days: float = 0.0  # LSM: forget pages crawled longer ago (0 = keep forever)
     # Fault injection for crash tests only: exit hard after the Nth batch's outputs are
     # acknowledged and before its offsets are committed (0 = never).
     fault_exit_before_commit: int = 0
@@ -89,6 +94,12 @@ class Settings:
             raise ConfigError("max_posting and verify_max_candidates must be >= 1")
         if self.max_page_bytes < 1:
             raise ConfigError("max_page_bytes must be >= 1")
+        if self.index not in ("memory", "lsm"):
+            raise ConfigError(f"index must be memory or lsm, got {self.index!r}")
+        if self.index == "lsm" and not self.index_path:
+            raise ConfigError("--index lsm needs --index-path DIR (where the index lives)")
+        if self.retention_days < 0:
+            raise ConfigError("retention_days must be >= 0")
         if self.input_format not in ("json", "html"):
             raise ConfigError(f"input_format must be json or html, got {self.input_format!r}")
         if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:

@@ -25,9 +25,10 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from datetime import datetime
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
@@ -40,8 +41,8 @@ from .core.canonical import canonicalize
 from .core.sketch import Sketcher, resemblance
 from .core.tokens import Tokens
 from .errors import PageError
+from .index import open_index
 from .index.base import CANONICAL, RAW, FeatureIndex, StoredDoc
-from .index.memory import MemoryIndex
 from .models import (
     CANONICAL as R_CANONICAL,
 )
@@ -223,9 +224,9 @@ class Deduplicator:
     ) -> None:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
-        self.index: FeatureIndex = index or MemoryIndex(
-            self.settings.params.stamp, self.settings.max_posting
-        )
+        s = self.settings
+        self.index: FeatureIndex = index or open_index(
+            s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
         self.counters = Counters()
         self.observer: Observer = observer or NullObserver()
         # Serializes everything that reads or changes the index, counters and _recent.
@@ -305,6 +306,24 @@ class Deduplicator:
         with self.lock:
             self.observer.batch(self.index)
         return out
+
+    def commit(self, offsets: Mapping[str, int] | None = None) -> None:
+        """Make the pages kept so far durable, atomically with the input offsets they
+        cover (a no-op for the memory index beyond remembering the offsets)."""
+        with self.lock:
+            self.index.commit(offsets)
+
+    def expire(self, older_than: datetime, limit: int = 10_000) -> int:
+        """Forget pages crawled before `older_than` (persistent index only; 0 otherwise)."""
+        expire = getattr(self.index, "expire", None)
+        if expire is None:
+            return 0
+        with self.lock:
+            return int(expire(older_than, limit))
+
+    def close(self) -> None:
+        with self.lock:
+            self.index.close()
 
     def reject(self, item: Rejected) -> Decision:
         return self._reject(item, len(item.raw or b""), _NOT_RUN)

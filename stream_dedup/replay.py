@@ -104,6 +104,7 @@ def replay(
     `metrics`, also report latency and progress there (a `dedup` given along should have
     been made with `observer=metrics`)."""
     settings = settings or Settings()
+    owned = dedup is None
     dedup = dedup or Deduplicator(settings, observer=metrics)
     stats = SourceStats()
     summary = ReplaySummary()
@@ -119,6 +120,7 @@ def replay(
                 summary.decisions[f"{decision.decision}/{decision.reason}"] += 1
                 if dead_letter is not None and isinstance(item, Rejected):
                     dead_letter.write(dead_letter_record(item) + "\n")
+            dedup.commit()  # a persistent index holds every batch that was written out
             if metrics is not None:  # archived fetch times are history: count from reading
                 metrics.decided(batch, received, time.time(), since_fetch=False)
                 metrics.progress()
@@ -126,14 +128,16 @@ def replay(
             bar.update(len(batch))
             bar.set_postfix(kept=summary.count("keep"), dropped=summary.count("drop"),
                             rejected=summary.count("reject"), refresh=False)
+        summary.index = dedup.index.stats()
     finally:
         bar.close()
         sink.close()
         if pool is not None:
             pool.shutdown()
+        if owned:
+            dedup.close()
     summary.seconds = time.perf_counter() - started
     assert dedup.counters.verify is not None
     summary.verification = Counter(dedup.counters.verify)
     summary.skipped = stats.skipped_summary()
-    summary.index = dedup.index.stats()
     return summary

@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -44,6 +45,7 @@ from .sources.kafka import page_from_message, source_of
 log = logging.getLogger("stream_dedup.runner")
 
 MAX_BACKOFF_S = 30.0
+EXPIRY_EVERY_S = 60.0
 POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
 
 
@@ -79,9 +81,10 @@ async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.
 
 
 class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, lock: asyncio.Lock, metrics: Metrics) -> None:
+    def __init__(self, lock: asyncio.Lock, metrics: Metrics, runner: Runner) -> None:
         self._lock = lock
         self._metrics = metrics
+        self._runner = runner
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._lock:  # the batch in flight is sent and committed first
@@ -90,6 +93,15 @@ class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned: %s", _names(assigned))
+        # Resume where the index says it is: a persistent index stores the offsets of the
+        # pages it holds atomically with them, and may be ahead of the group's commit.
+        stored = self._runner.dedup.index.offsets()
+        for tp in assigned:
+            offset = stored.get(f"{tp.topic}/{tp.partition}")
+            if offset is not None:
+                self._runner.consumer.seek(tp, offset)
+                log.info("%s/%d: resuming at offset %d, as stored in the index",
+                         tp.topic, tp.partition, offset)
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
@@ -114,7 +126,8 @@ class Runner:
         self.metrics = metrics or Metrics(settings, process=False)
         self.stats = RunStats()
         self.lock = asyncio.Lock()
-        self.listener = _FinishBeforeRevoke(self.lock, self.metrics)
+        self.listener = _FinishBeforeRevoke(self.lock, self.metrics, self)
+        self._next_expiry = 0.0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.last_progress = time.monotonic()
 
@@ -133,6 +146,7 @@ class Runner:
                     await asyncio.get_running_loop().run_in_executor(
                         self._thread, self.metrics.refresh_index, self.dedup)
                 await self._observe_lag()
+                await self._expire()
         finally:
             self._thread.shutdown(wait=True)
 
@@ -163,6 +177,10 @@ class Runner:
         offsets: dict[TopicPartition, int] = {}
         for tp, rec in batch:
             offsets[tp] = max(offsets.get(tp, 0), rec.offset + 1)
+        # The index (its pages and these offsets, atomically) before the group's commit:
+        # after a crash between the two, the service resumes from the index's offsets.
+        await loop.run_in_executor(self._thread, self.dedup.commit,
+                                   {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()})
         started = time.perf_counter()
         await retry("committing offsets", lambda: self.consumer.commit(offsets), stop,
                     lambda _: m.kafka_error("commit"))
@@ -176,6 +194,18 @@ class Runner:
             key = f"{d.decision}/{d.reason}"
             self.stats.decisions[key] = self.stats.decisions.get(key, 0) + 1
         self.last_progress = time.monotonic()
+
+    async def _expire(self) -> None:
+        """The retention window, applied while running: a bounded sweep once a minute."""
+        days = self.settings.retention_days
+        if days <= 0 or time.monotonic() < self._next_expiry:
+            return
+        self._next_expiry = time.monotonic() + EXPIRY_EVERY_S
+        cutoff = datetime.now(UTC) - timedelta(days=days)
+        removed = await asyncio.get_running_loop().run_in_executor(
+            self._thread, self.dedup.expire, cutoff)
+        if removed:
+            log.info("retention: forgot %d pages crawled before %s", removed, cutoff.isoformat())
 
     async def _observe_lag(self) -> None:
         """Lag = highwater - position for every assigned partition the fetcher has seen."""

@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from .config import Settings
+from .errors import StreamDedupError
 from .http.app import ApiState, Check, build_app
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
@@ -118,7 +119,11 @@ class Service:
     async def run(self) -> int:
         settings, stop = self.settings, self.stop
         # Loading an index may take a while; /healthz answers and /readyz says so meanwhile.
-        dedup = await asyncio.to_thread(Deduplicator, settings, None, self.metrics)
+        try:
+            dedup = await asyncio.to_thread(Deduplicator, settings, None, self.metrics)
+        except StreamDedupError as exc:
+            log.error("cannot open the index: %s", exc)
+            return 2
         self.api.dedup = dedup
         pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
         consumer = AIOKafkaConsumer(**consumer_kwargs(settings))
@@ -138,6 +143,9 @@ class Service:
             self.connected = True
             log.info("connected; consuming")
             await runner.run(stop)
+        except StreamDedupError as exc:  # e.g. the index cannot be written (disk full)
+            log.error("stopping: %s (nothing after the last commit was committed)", exc)
+            return 1
         except Exception:
             if not stop.is_set():
                 log.exception("stopping on an unexpected error")
@@ -150,6 +158,7 @@ class Service:
                 await client.stop()
             if pool is not None:
                 pool.shutdown()
+            await asyncio.to_thread(dedup.close)
             s = runner.stats
             log.info("stopped after %d records in %d batches (all committed); decisions: %s",
                      s.records, s.batches, s.decisions)

@@ -378,3 +378,38 @@ def test_rebalance_mid_stream_loses_nothing(kafka_bootstrap: str, service) -> No
     assert done and int(done.group(1)) > 0  # and the newcomer decided pages
     committed, end = committed_and_end(kafka_bootstrap, t["input"], t["group"])
     assert committed == end
+
+
+def test_lsm_index_makes_crashes_invisible_in_the_decisions(
+        kafka_bootstrap: str, service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """SIGKILL `serve --index lsm` several times mid-stream: after the last restart every
+    page has a decision, each page's decisions agree, and they equal an uninterrupted run."""
+    from stream_dedup import Deduplicator, Settings
+
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=1)
+    pages = [p for seed in range(50, 60) for p in build(seed=seed)]
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
+    index = tmp_path / "index"
+    lsm = ("--index", "lsm", "--index-path", str(index), "--batch-size", "20")
+    rng = random.Random(os.getpid())
+    for round_ in range(3):
+        svc = service(t, *lsm, log=f"run{round_}.log")
+        wait_for("consuming", lambda s=svc: "partitions assigned" in s.text())
+        time.sleep(rng.uniform(0.3, 2.0))
+        svc.stop(signal.SIGKILL)
+    final = service(t, *lsm, log="final.log")
+    _every_page_decided_once_at_least(kafka_bootstrap, t)
+    assert final.stop() == 0
+
+    def key(d: dict[str, Any]) -> tuple[Any, ...]:
+        return (d["decision"], d["reason"], d["page_id"],
+                d["duplicate_of"] and d["duplicate_of"]["url"])
+
+    by_offset: dict[int, set[tuple[Any, ...]]] = {}
+    for d in decisions_of(kafka_bootstrap, t["decisions"]):
+        by_offset.setdefault(int(d["source"].rsplit("/", 1)[1]), set()).add(key(d))
+    uninterrupted = Deduplicator(Settings())
+    expected = [key(uninterrupted.check_html(p.url, p.html).to_dict()) for p in pages]
+    assert [by_offset[i] for i in range(len(pages))] == [{e} for e in expected]
+    assert "resuming at offset" in (tmp_path / "final.log").read_text()

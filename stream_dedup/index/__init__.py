@@ -25,4 +25,24 @@ SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = 
     "lsm": _lsm,
 }
 
-__all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc"]
+
+def open_index(kind: str, stamp: int, max_posting: int, path: str = "",
+               warm_from: str = "") -> FeatureIndex:
+    """The index the settings ask for; a memory index may start from an LSM snapshot."""
+    if warm_from:
+        if kind != "memory":
+            from ..errors import ConfigError
+
+            raise ConfigError("--warm-from fills a memory index; it does not apply to lsm")
+        from .lsm import LsmIndex
+
+        snapshot = LsmIndex(warm_from, stamp, max_posting, create=False)
+        try:
+            return MemoryIndex.warm_from(snapshot)
+        finally:
+            snapshot.close()
+    return SUPPORTED_INDEXES[kind](stamp, max_posting, Path(path) if path else None)
+
+
+__all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc",
+           "open_index"]

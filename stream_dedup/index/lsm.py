@@ -18,6 +18,7 @@ will be seen again.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import struct
 import time
@@ -39,6 +40,8 @@ from rocksdict import (
 
 from ..errors import IndexMismatchError, IndexStoreError
 from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+
+log = logging.getLogger("stream_dedup.index")
 
 CF_META, CF_FEATURES, CF_EXACT, CF_DOCS = "meta", "features", "exact", "docs"
 FORMAT = 1
@@ -66,10 +69,11 @@ def _options(prefix: int | None) -> Options:
 class LsmIndex:
     """A FeatureIndex kept on disk. One process at a time (RocksDB holds a lock)."""
 
-    def __init__(self, path: str | Path, stamp: int, max_posting: int = 64,
+    def __init__(self, path: str | Path, stamp: int | None, max_posting: int = 64,
                  *, create: bool = True) -> None:
+        """`stamp` None adopts the stored one (operator commands that only inspect)."""
         self.path = Path(path)
-        self.stamp = stamp
+        self.stamp = 0 if stamp is None else stamp
         self.max_posting = max_posting
         self._closed = False
         self._check_directory(create)
@@ -89,7 +93,7 @@ class LsmIndex:
                     for name in (CF_META, CF_FEATURES, CF_EXACT, CF_DOCS)}
         self._read = ReadOptions()
         self._read.set_prefix_same_as_start(True)
-        self._adopt_or_check_stamp()
+        self._adopt_or_check_stamp(adopt=stamp is None)
         self._next_id = self._meta_int(b"next_id")
         self._pages = self._meta_int(b"pages")
         self._reset_overlay()
@@ -108,8 +112,11 @@ class LsmIndex:
                 f"{self.path} is not empty and holds no index (no CURRENT file); "
                 "refusing to write into it")
 
-    def _adopt_or_check_stamp(self) -> None:
+    def _adopt_or_check_stamp(self, adopt: bool) -> None:
         raw = self._meta.get(b"stamp")
+        if raw is not None and adopt:
+            self.stamp = _U64.unpack(raw)[0]
+            return
         if raw is None:
             if self._meta.get(b"next_id") is not None or any(True for _ in self._docs.keys()):
                 raise IndexStoreError(f"index at {self.path} has pages but no parameter stamp")
@@ -305,7 +312,10 @@ class LsmIndex:
         db = self._db
         for name in ("_meta", "_features", "_exact", "_docs", "_cf", "_read", "_db"):
             delattr(self, name)
-        db.close()
+        try:
+            db.close()
+        except Exception as exc:  # e.g. the disk filled up: what was committed stays
+            log.warning("closing the index at %s: %s", self.path, exc)
         del db
         gc.collect()
 

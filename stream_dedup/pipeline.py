@@ -225,7 +225,7 @@ class Deduplicator:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         s = self.settings
-        self.index: FeatureIndex = index or open_index(
+        self.index: FeatureIndex = index if index is not None else open_index(
             s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
         self.counters = Counters()
         self.observer: Observer = observer or NullObserver()

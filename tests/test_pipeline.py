@@ -152,3 +152,13 @@ def test_decision_json_is_one_line_with_the_schema() -> None:
         "ld_estimate",
     }
     assert obj["url"] == "http://a/ü"
+
+
+def test_an_empty_index_given_by_the_caller_is_used() -> None:
+    from stream_dedup.index import MemoryIndex
+
+    settings = Settings()
+    mine = MemoryIndex(settings.params.stamp)
+    dd = Deduplicator(settings, index=mine)
+    dd.check_html("http://a/1", _html(_article(random.Random(8))))
+    assert len(mine) == 1

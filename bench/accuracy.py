@@ -298,12 +298,14 @@ def jaccard(c: Corpus, i: int, j: int) -> float:
 MODES: dict[str, Settings] = {
     "default": Settings(),
     "default, no verify": Settings(verify_rate=0.0),
+    "r=2 only": Settings(verify_single_feature=False),
+    "r=2 only, no verify": Settings(verify_single_feature=False, verify_rate=0.0),
     "boilerplate": Settings(boilerplate=True),
     "boilerplate, no verify": Settings(boilerplate=True, verify_rate=0.0),
     "r=1": Settings(threshold=1),
     "r=1, no verify": Settings(threshold=1, verify_rate=0.0),
 }
-RECALL_MODES = ("default", "default, no verify", "boilerplate", "r=1")
+RECALL_MODES = ("default", "r=2 only", "r=2 only, no verify", "boilerplate", "r=1")
 
 
 def run_modes(c: Corpus) -> dict[str, list[Decision]]:

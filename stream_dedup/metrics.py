@@ -38,7 +38,16 @@ from . import __version__
 from .config import Settings
 from .index.base import FeatureIndex
 from .models import CANONICAL as R_CANONICAL
-from .models import EXACT, NEAR, UNIQUE, VERIFIED_DISTINCT, Decision, Page, Rejected
+from .models import (
+    EXACT,
+    NEAR,
+    NEAR_VERIFIED,
+    UNIQUE,
+    VERIFIED_DISTINCT,
+    Decision,
+    Page,
+    Rejected,
+)
 from .pipeline import Deduplicator, StageTimes, verify_outcome
 
 STAGES = ("canonicalize", "sketch", "index", "verify")
@@ -139,7 +148,8 @@ class Metrics:
             self.kafka_errors.labels(op)
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
-                                 ("drop", R_CANONICAL), ("drop", NEAR)):
+                                 ("drop", R_CANONICAL), ("drop", NEAR),
+                                 ("drop", NEAR_VERIFIED)):
             self._children(decision, reason)
         self.bytes.labels("reject")
         self._confirmed = self._overturned = 0

@@ -17,6 +17,7 @@ UNIQUE = "unique"
 EXACT = "exact"
 CANONICAL = "canonical"
 NEAR = "near"
+NEAR_VERIFIED = "near-verified"  # shared fewer than r features, but verification says near
 VERIFIED_DISTINCT = "verified-distinct"
 
 

@@ -49,6 +49,7 @@ from .models import (
 from .models import (
     EXACT,
     NEAR,
+    NEAR_VERIFIED,
     UNIQUE,
     VERIFIED_DISTINCT,
     Decision,
@@ -369,7 +370,15 @@ class Deduplicator:
         if a.sketch is None:  # analysis stopped early (e.g. check() after a cheap pass)
             raise ValueError("decide() needs a sketched Analysis for a long page")
         assert a.features is not None
-        found = self.index.candidates(a.features, s.threshold)
+        found = self.index.candidates(a.features, 1 if s.verify_single_feature else s.threshold)
+        weak = [c for c in found if c[1] < s.threshold]
+        found = [c for c in found if c[1] >= s.threshold]
+        if not found and weak:
+            started = perf_counter()
+            confirmed, _ = self._verify(a, weak, NEAR_VERIFIED, s.near_verified_min_resemblance)
+            if confirmed is not None:
+                return confirmed, perf_counter() - started
+            return self._keep(a, UNIQUE, insert), perf_counter() - started
         if not found:
             return self._keep(a, UNIQUE, insert), 0.0
         if not self._sampled(a.canonical_fp):
@@ -416,12 +425,14 @@ class Deduplicator:
         return rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate
 
     def _verify(
-        self, a: Analysis, found: list[tuple[int, int]]
+        self, a: Analysis, found: list[tuple[int, int]], reason: str = NEAR,
+        min_resemblance: float | None = None,
     ) -> tuple[Decision | None, tuple[float, float]]:
         """The confirmed near-duplicate decision (or None), and the first candidate's
         (resemblance, estimated LD)."""
         s = self.settings
         assert a.sketch is not None
+        bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
         best_seen: tuple[float, float] | None = None
         for page_id, shared in found[: s.verify_max_candidates]:
             doc = self.index.doc(page_id)
@@ -430,9 +441,9 @@ class Deduplicator:
             ratio = ldsig.ratio(ld, a.text_length, doc.text_length)
             if best_seen is None:
                 best_seen = (res, float(ld))
-            if res >= s.verify_min_resemblance and ratio <= s.verify_max_ld_ratio:
+            if res >= bar and ratio <= s.verify_max_ld_ratio:
                 return Decision(
-                    a.page.url, "drop", NEAR, duplicate_of=DuplicateOf(page_id, doc.url),
+                    a.page.url, "drop", reason, duplicate_of=DuplicateOf(page_id, doc.url),
                     shared_features=shared, resemblance=res, ld_estimate=float(ld),
                     verified=True, source=a.page.source,
                 ), (res, float(ld))

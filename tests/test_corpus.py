@@ -60,7 +60,7 @@ def test_httpbis_revisions_with_j8_at_least_095_are_dropped(httpbis_jsonl: Path)
     # the test covers pairs whose earlier revision was kept.
     pairs = [r for r in pairs if decision[min((r["a"], r["b"]), key=order.__getitem__)].decision
              == "keep"]
-    assert len(pairs) >= 30
+    assert len(pairs) >= 20
     later = [max((r["a"], r["b"]), key=order.__getitem__) for r in pairs]
     dropped = sum(decision[u].decision == "drop" for u in later)
     # Each later revision is dropped at least as often as the filter accepts its pair

@@ -162,3 +162,35 @@ def test_an_empty_index_given_by_the_caller_is_used() -> None:
     dd = Deduplicator(settings, index=mine)
     dd.check_html("http://a/1", _html(_article(random.Random(8))))
     assert len(mine) == 1
+
+
+def _shared_features(dd: Deduplicator, a: str, b: str) -> int:
+    fa = dd.analyzer.analyze(Page("a", a.encode(), (("Content-Type", "text/html"),))).features
+    fb = dd.analyzer.analyze(Page("b", b.encode(), (("Content-Type", "text/html"),))).features
+    assert fa is not None and fb is not None
+    return int((fa == fb).sum())
+
+
+def test_pages_sharing_fewer_than_r_features_are_verified_and_dropped() -> None:
+    settings = Settings(threshold=6)  # any pair sharing 1..5 features takes the weak path
+    probe = Deduplicator(settings)
+    for seed in range(50):  # find an edit that leaves 1..5 of the 6 features shared
+        rng = random.Random(100 + seed)
+        words = _article(rng, 1500)
+        edited = list(words)
+        edited[rng.randrange(1500)] = "changed"
+        a, b = _html(words), _html(edited)
+        if 1 <= _shared_features(probe, a, b) < 6:
+            break
+    else:
+        pytest.fail("no pair sharing 1..5 features in 50 tries")
+    dd = Deduplicator(settings)
+    dd.check_html("http://a/1", a)
+    d = dd.check_html("http://a/2", b)
+    assert (d.decision, d.reason, d.verified) == ("drop", "near-verified", True)
+    assert d.resemblance is not None and d.resemblance >= 0.8
+    off = Deduplicator(settings.replace(verify_single_feature=False))
+    off.check_html("http://a/1", a)
+    assert off.check_html("http://a/2", b).reason == "unique"
+    unrelated = dd.check_html("http://a/3", _html(_article(random.Random(999), 1500)))
+    assert unrelated.reason == "unique"

@@ -17,6 +17,8 @@ Differences from the paper, both to make the estimate less noisy:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
@@ -30,7 +32,7 @@ def signature(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
     length = codepoints.shape[0] - n + 1
     if length <= 0:
         return b""
-    mult = odd_constants(seed, n, salt=7)
+    mult = _window_constants(seed, n)
     cp = codepoints.astype(np.uint64)
     acc = cp[:length] * mult[0]
     for j in range(1, n):
@@ -38,6 +40,11 @@ def signature(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
     h = mix64(acc)
     chosen = h[h % U64(c) == 0]
     return bytes(((chosen >> _SYMBOL_SHIFT) & U64(0xFF)).astype(np.uint8).tobytes())
+
+
+@lru_cache(maxsize=16)
+def _window_constants(seed: int, n: int) -> np.ndarray:
+    return odd_constants(seed, n, salt=7)
 
 
 def estimate(sig_a: bytes, sig_b: bytes, c: int) -> int:

@@ -47,7 +47,7 @@ class Params:
     seed: int = 0x5EED_D0C5
     family: str = "affine64"
     boilerplate: bool = False
-    canon_version: int = 1
+    canon_version: int = 2  # 2: multilinear token hash
 
     def __post_init__(self) -> None:
         if not 1 <= self.shingle_words <= 64:
@@ -111,8 +111,8 @@ class Sketcher:
                 h += self._b
             else:
                 h = mix64(x ^ self._a)
-            h >>= _SHIFT32
-            np.minimum(out, h.min(axis=1).astype(np.uint32), out=out)
+            # The shift is monotonic: shift the k*s minima, not every hash.
+            np.minimum(out, (h.min(axis=1) >> _SHIFT32).astype(np.uint32), out=out)
         return out
 
     # --- features -----------------------------------------------------------------

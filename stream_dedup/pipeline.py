@@ -283,14 +283,21 @@ class Deduplicator:
     ) -> list[Decision]:
         """Decisions for a batch, in order; the pure stages may run in `pool` (see
         `analysis_pool`). Gives exactly the decisions `check` would give one by one."""
+        # Analyse each distinct body once: a later byte-identical copy in the same batch
+        # goes through check(), which finds the first copy in the index (or, if that was
+        # dropped, analyses it then), exactly as one-by-one checking would.
+        todo: list[Page] = []
+        seen: set[int] = set()
         with self.lock:
-            todo = [
-                item
-                for item in items
-                if isinstance(item, Page)
-                and (item.source is None or item.source not in self._recent)
-                and not self._stored(raw_fingerprint(item.body))
-            ]
+            for item in items:
+                if not isinstance(item, Page):
+                    continue
+                raw_fp = raw_fingerprint(item.body)
+                if raw_fp in seen or (item.source is not None and item.source in self._recent):
+                    continue
+                seen.add(raw_fp)
+                if not self._stored(raw_fp):
+                    todo.append(item)
         if pool is None or len(todo) < 2:
             analyses = [self.analyzer.analyze(p) for p in todo]
         else:

@@ -67,8 +67,7 @@ from stream_dedup import Settings  # noqa: E402
 from stream_dedup.core import extract, ldsig  # noqa: E402
 from stream_dedup.core import tokens as toks  # noqa: E402
 from stream_dedup.core.decode import decode_html  # noqa: E402
-from stream_dedup.core.hashing import U64, mix64  # noqa: E402
-from stream_dedup.core.tokens import SEP, SOLO, Tokens, char_classes  # noqa: E402
+from stream_dedup.core.tokens import Tokens  # noqa: E402
 from stream_dedup.index.base import CANONICAL, RAW, StoredDoc  # noqa: E402
 from stream_dedup.index.memory import MemoryIndex, SortedRunMultimap  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
@@ -336,35 +335,10 @@ def _visible_text_timed(html: str, clock: Clock, boilerplate: bool) -> str:
 
 
 def _tokenize_timed(visible: str, clock: Clock) -> Tokens:
-    """A copy of tokens.tokenize with laps (checked against the original on the first pass)."""
-    text = toks.unicodedata.normalize("NFKC", visible).lower()
-    clock.lap("tokenize: NFKC + lower")
-    if not text:
-        return Tokens(toks._EMPTY_U32, toks._EMPTY_U64)
-    cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
-    cls = char_classes()[np.minimum(cp, sys.maxunicode)]
-    word = cls != SEP
-    if not word.any():
-        clock.lap("tokenize: classify + canonical text")
-        return Tokens(toks._EMPTY_U32, toks._EMPTY_U64)
-    solo = cls == SOLO
-    prev_word = np.concatenate(([False], word[:-1]))
-    prev_solo = np.concatenate(([False], solo[:-1]))
-    start = word & (~prev_word | solo | prev_solo)
-    keep = word | (~word & prev_word)
-    canon = np.where(word, cp, np.uint32(32))[keep]
-    if canon[-1] == 32:
-        canon = canon[:-1]
-    clock.lap("tokenize: classify + canonical text")
-    wcp = cp[word].astype(np.uint64)
-    wstart = start[word]
-    token_of = np.cumsum(wstart) - 1
-    first_index = np.flatnonzero(wstart)
-    offset = np.arange(wcp.shape[0], dtype=np.uint64) - first_index[token_of].astype(np.uint64)
-    per_char = mix64(wcp + (offset + U64(1)) * toks._POS_SALT)
-    sums = np.add.reduceat(per_char, first_index)
-    out = Tokens(np.ascontiguousarray(canon), mix64(sums))
-    clock.lap("tokenize: token hashes")
+    """tokens.tokenize as one stage (its internals are numpy calls; split them with
+    line_profiler if needed rather than copying them here)."""
+    out = toks.tokenize(visible)
+    clock.lap("tokenize")
     return out
 
 

@@ -27,7 +27,7 @@ import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
@@ -199,16 +199,12 @@ def analysis_pool(settings: Settings, workers: int) -> ProcessPoolExecutor:
 
 @dataclass
 class Counters:
-    """Running totals for summaries (and, later, metrics)."""
+    """Running totals for summaries and /v1/stats."""
 
     pages: int = 0
     redelivered: int = 0
-    decisions: Counter[tuple[str, str]] | None = None
-    verify: Counter[str] | None = None
-
-    def __post_init__(self) -> None:
-        self.decisions = Counter()
-        self.verify = Counter()
+    decisions: Counter[tuple[str, str]] = field(default_factory=Counter)
+    verify: Counter[str] = field(default_factory=Counter)
 
 
 class Deduplicator:
@@ -339,7 +335,6 @@ class Deduplicator:
     def snapshot(self) -> dict[str, Any]:
         """The running totals, copied consistently (for /v1/stats)."""
         with self.lock:
-            assert self.counters.decisions is not None and self.counters.verify is not None
             return {
                 "pages": self.counters.pages,
                 "redelivered": self.counters.redelivered,
@@ -492,7 +487,6 @@ class Deduplicator:
         )
 
     def _record(self, d: Decision, nbytes: int, times: StageTimes) -> Decision:
-        assert self.counters.decisions is not None and self.counters.verify is not None
         self.counters.pages += 1
         self.counters.decisions[(d.decision, d.reason)] += 1
         outcome = verify_outcome(d)

@@ -66,7 +66,7 @@ def test_verification_overturns_a_reordered_page() -> None:
     d = dd.check_html("http://a/2", "".join(_html(p) for p in paras))
     assert (d.decision, d.reason) == ("keep", "verified-distinct")
     assert d.resemblance is not None and d.resemblance > 0.5
-    assert dd.counters.verify is not None and dd.counters.verify["overturned"] == 1
+    assert dd.counters.verify["overturned"] == 1
 
 
 def test_unsampled_candidates_are_dropped_unverified() -> None:

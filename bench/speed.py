@@ -534,7 +534,7 @@ def memory_child(kind: str, n: int) -> dict[str, float]:
     perf = time.perf_counter
     if kind == "multimaps":
         feats = SortedRunMultimap(64, "last")
-        raw, canon = SortedRunMultimap(1, "first"), SortedRunMultimap(1, "first")
+        raw, canon = SortedRunMultimap(2, "first"), SortedRunMultimap(2, "first")
         for lo in range(0, n, _CHUNK):
             m = min(_CHUNK, n - lo)
             f = rng.integers(0, 2**64 - 1, size=(m, 6), dtype=np.uint64, endpoint=True).tolist()

@@ -118,7 +118,7 @@ def test_multimap_keep_first_and_last() -> None:
         last.add(v % 100, v)
     first.flush()
     last.flush()
-    assert first.first(42) == 42
+    assert first.values(42) == [42]
     got = sorted(last.get_many(np.array([42], dtype=np.uint64)).tolist())
     assert got[-2:] == [49_842, 49_942] and len(got) <= 4
 
@@ -131,3 +131,15 @@ def test_commit_stores_offsets(make_index) -> None:  # type: ignore[no-untyped-d
     index.commit({"pages/0": 12})
     assert index.offsets() == {"pages/0": 12, "pages/1": 3}
     assert index.doc(0).url == "u" and len(index) == 1
+
+
+def test_exact_layers_confirm_the_full_fingerprint(make_index) -> None:  # type: ignore[no-untyped-def]
+    """Fingerprints equal in their low 32 bits are still told apart (no false exact drop)."""
+    index: FeatureIndex = make_index()
+    a, b = 0x1234_5678_0000_0042, 0x8765_4321_0000_0042
+    index.insert(_doc([1], raw=a, canon=a))
+    index.commit()
+    assert index.first_with(RAW, a) == 0
+    assert index.first_with(RAW, b) is None
+    index.insert(_doc([2], raw=b, canon=b))
+    assert index.first_with(RAW, b) == 1 and index.first_with(CANONICAL, b) == 1

@@ -1,12 +1,18 @@
 """In-memory index: sorted numpy runs instead of a dict per key.
 
 A Python dict costs ~130 bytes per key; six features per page would cost ~800 bytes per
-page. Here a (key, page id) pair costs 12 bytes: new pairs go to a small dict (the
-memtable); when it fills it is sorted into a run of two numpy arrays (uint64 keys, uint32
+page. Here a (key, page id) pair costs 8 bytes: new pairs go to a small dict (the
+memtable); when it fills it is sorted into a run of two numpy arrays (uint32 keys, uint32
 ids), and runs of similar size are merged, as in an LSM tree, so a lookup searches a few
 sorted runs (np.searchsorted on all k features at once). Merging is also where posting
 lists are capped: a feature keeps only its `cap` most recent pages (or, for the exact
-layers, its first page).
+layers, its first pages).
+
+Keys are the low 32 bits of the 64-bit features and fingerprints (uniform hash outputs).
+For features a chance match costs nothing: a near-duplicate needs r shared features of one
+page, and sampled verification compares full sketches. For the exact layers, where a match
+drops a page unverified, every hit is confirmed against the full 64-bit fingerprint in the
+page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 """
 
 from __future__ import annotations
@@ -26,8 +32,12 @@ _MEMTABLE_MAX = 8192
 _GONE = StoredDoc("", np.zeros(0, np.uint64), np.zeros(0, np.uint32), b"", 0, 0, 0)
 
 
+_KEY_MASK = 0xFFFFFFFF
+
+
 class SortedRunMultimap:
-    """uint64 key -> page ids (uint32), ascending ids per key, capped per key."""
+    """64-bit key (stored as its low 32 bits) -> page ids (uint32), ascending ids per key,
+    capped per key."""
 
     def __init__(self, cap: int, keep: str = "last") -> None:
         if keep not in ("first", "last"):
@@ -39,7 +49,7 @@ class SortedRunMultimap:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, key: int, value: int) -> None:
-        bucket = self._mem.setdefault(key, [])
+        bucket = self._mem.setdefault(key & _KEY_MASK, [])
         if self.keep == "first" and len(bucket) >= self.cap:
             return
         bucket.append(value)
@@ -52,6 +62,7 @@ class SortedRunMultimap:
 
     def get_many(self, keys: np.ndarray) -> np.ndarray:
         """All stored values of all keys (concatenated; a value may repeat across keys)."""
+        keys = (keys & np.uint64(_KEY_MASK)).astype(np.uint32)
         parts: list[np.ndarray] = []
         for run_keys, run_vals in self._runs:
             lo = np.searchsorted(run_keys, keys, side="left")
@@ -67,20 +78,15 @@ class SortedRunMultimap:
             return np.zeros(0, dtype=np.uint32)
         return np.concatenate(parts)
 
-    def first(self, key: int) -> int | None:
-        probe = np.array([key], dtype=np.uint64)
-        for run_keys, run_vals in self._runs:  # older runs first: the earliest id wins
-            i = int(np.searchsorted(run_keys, probe)[0])
-            if i < run_keys.shape[0] and run_keys[i] == probe[0]:
-                return int(run_vals[i])
-        bucket = self._mem.get(key)
-        return bucket[0] if bucket else None
+    def values(self, key: int) -> list[int]:
+        """The stored values of one key, ascending (older runs hold older ids)."""
+        return sorted(self.get_many(np.array([key], dtype=np.uint64)).tolist())
 
     def flush(self) -> None:
         if not self._mem:
             return
         keys = np.fromiter(
-            (k for k, vs in self._mem.items() for _ in vs), dtype=np.uint64, count=self._mem_entries
+            (k for k, vs in self._mem.items() for _ in vs), dtype=np.uint32, count=self._mem_entries
         )
         vals = np.fromiter(
             (v for vs in self._mem.values() for v in vs), dtype=np.uint32, count=self._mem_entries
@@ -125,7 +131,8 @@ class MemoryIndex:
     def __init__(self, stamp: int, max_posting: int = 64) -> None:
         self.stamp = stamp
         self._features = SortedRunMultimap(cap=max_posting, keep="last")
-        self._exact = (SortedRunMultimap(cap=1, keep="first"), SortedRunMultimap(1, "first"))
+        # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
+        self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
         self._docs: list[StoredDoc] = []
         self._offsets: dict[str, int] = {}
 
@@ -139,7 +146,11 @@ class MemoryIndex:
         return len(self._docs)
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:
-        return self._exact[layer].first(fingerprint)
+        for page_id in self._exact[layer].values(fingerprint):
+            doc = self._docs[page_id]
+            if (doc.raw_fp if layer == RAW else doc.canonical_fp) == fingerprint:
+                return page_id
+        return None
 
     def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
         # A page holds each of its k features once (group ids are hashed in), so the

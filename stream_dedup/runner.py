@@ -161,11 +161,8 @@ class Runner:
             log.info("abandoned %d records of revoked partitions (not committed)", abandoned)
         if not batch:
             return
-        items = [self._item(rec) for _, rec in batch]
         loop = asyncio.get_running_loop()
-        decisions: list[Decision] = await loop.run_in_executor(
-            self._thread, self.dedup.check_batch, items, self.pool
-        )
+        items, decisions = await loop.run_in_executor(self._thread, self._decide, batch)
         m = self.metrics
         await retry("sending a batch's outputs", lambda: self._send(batch, items, decisions),
                     stop, lambda _: m.kafka_error("produce"))
@@ -221,6 +218,14 @@ class Runner:
                 continue
             if tp in self.consumer.assignment():  # a revoke meanwhile forgot its lag
                 self.metrics.consumer_lag(tp.topic, tp.partition, max(0, highwater - position))
+
+    def _decide(
+        self, batch: list[tuple[TopicPartition, ConsumerRecord]]
+    ) -> tuple[list[Page | Rejected], list[Decision]]:
+        """Records -> pages -> decisions, in the decide thread: JSON and base64 decoding
+        (about a tenth of the work) stay off the event loop too."""
+        items = [self._item(rec) for _, rec in batch]
+        return items, self.dedup.check_batch(items, self.pool)
 
     def _item(self, rec: ConsumerRecord) -> Page | Rejected:
         return page_from_message(

@@ -495,6 +495,24 @@ def same_uri_table(c: Corpus, runs: dict[str, list[Decision]], where: dict[str, 
                  rows)
 
 
+def corpus_tables(c: Corpus, runs: dict[str, list[Decision]],
+                  pairs: Sequence[tuple[int, int, float]],
+                  provided: str, ours: str) -> list[str]:
+    """Decision counts, precision and recall (by provided and by our J8) for one corpus."""
+    return [
+        "Decisions by mode: " + "; ".join(
+            f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(
+                Counter(f"{d.decision}/{d.reason}" for d in ds).items()))
+            for m, ds in runs.items() if m in ("default", "default, no verify")) + "\n",
+        "Precision of the drops (J8 from our canonical text):\n",
+        precision_table(c, runs) + "\n",
+        f"Recall by J8 bucket, {provided}:\n",
+        recall_table(c, runs, pairs, use_ours=False) + "\n",
+        f"Recall by J8 bucket, {ours}:\n",
+        recall_table(c, runs, pairs, use_ours=True) + "\n",
+    ]
+
+
 def real_pages(quick: bool) -> str:
     out = []
     t0 = time.perf_counter()
@@ -505,16 +523,8 @@ def real_pages(quick: bool) -> str:
     pairs = httpbis_pairs(pos)
     out.append(f"### httpbis-drafts ({len(httpbis.pages)} pages in revision order, "
                f"{len(pairs)} ground-truth pairs)\n")
-    out.append("Decisions by mode: " + "; ".join(
-        f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(
-            Counter(f"{d.decision}/{d.reason}" for d in ds).items()))
-        for m, ds in runs.items() if m in ("default", "default, no verify")) + "\n")
-    out.append("Precision of the drops (J8 from our canonical text):\n")
-    out.append(precision_table(httpbis, runs) + "\n")
-    out.append("Recall by J8 bucket, J8 as provided (pairs_groundtruth.csv):\n")
-    out.append(recall_table(httpbis, runs, pairs, use_ours=False) + "\n")
-    out.append("Recall by J8 bucket, J8 from our canonical text:\n")
-    out.append(recall_table(httpbis, runs, pairs, use_ours=True) + "\n")
+    out += corpus_tables(httpbis, runs, pairs, "J8 as provided (pairs_groundtruth.csv)",
+                         "J8 from our canonical text")
     mismatch = [abs(jaccard(httpbis, e, later) - j) for e, later, j in pairs]
     out.append(f"Our J8 vs provided J8 on the same pairs: median |Δ| {np.median(mismatch):.3f}, "
                f"p90 {np.percentile(mismatch, 90):.3f}, max {max(mismatch):.3f}.\n")
@@ -527,16 +537,9 @@ def real_pages(quick: bool) -> str:
     out.append(f"### WARC set ({len(warc_pages)} pages, {rejected} records rejected by the "
                f"reader; {len(allpairs)} allpairs_j8_ge0.3 pairs mapped, {skipped} skipped)\n")
     out.append(f"Mapping: {note}.\n")
-    out.append("Decisions by mode: " + "; ".join(
-        f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(
-            Counter(f"{d.decision}/{d.reason}" for d in ds).items()))
-        for m, ds in wruns.items() if m in ("default", "default, no verify")) + "\n")
-    out.append("Precision of the drops (J8 from our canonical text):\n")
-    out.append(precision_table(warc, wruns) + "\n")
-    out.append("Recall by J8 bucket, J8 as provided (allpairs_j8_ge0.3.csv, J8 ≥ 0.3 only):\n")
-    out.append(recall_table(warc, wruns, allpairs, use_ours=False) + "\n")
-    out.append("Recall by J8 bucket, same pairs, J8 from our canonical text:\n")
-    out.append(recall_table(warc, wruns, allpairs, use_ours=True) + "\n")
+    out += corpus_tables(warc, wruns, allpairs,
+                         "J8 as provided (allpairs_j8_ge0.3.csv, J8 ≥ 0.3 only)",
+                         "same pairs, J8 from our canonical text")
     out.append("Same URI captured twice (same_uri_pairs_groundtruth.csv), the later capture's "
                "decision:\n")
     out.append(same_uri_table(warc, wruns, where) + "\n")

@@ -183,9 +183,14 @@ def _worker_init(settings: Settings) -> None:
     _WORKER = Analyzer(settings)
 
 
+_NO_PAGE = Page(url="", body=b"")
+
+
 def _worker_analyze(page: Page) -> Analysis:
+    """The analysis without its page: the caller still has it, and the body (tens of KB)
+    need not be pickled back across the process boundary."""
     assert _WORKER is not None, "analysis_pool() initializes every worker"
-    return _WORKER.analyze(page)
+    return replace(_WORKER.analyze(page), page=_NO_PAGE)
 
 
 def analysis_pool(settings: Settings, workers: int) -> ProcessPoolExecutor:
@@ -297,7 +302,8 @@ class Deduplicator:
         if pool is None or len(todo) < 2:
             analyses = [self.analyzer.analyze(p) for p in todo]
         else:
-            analyses = list(pool.map(_worker_analyze, todo, chunksize=max(1, len(todo) // 16)))
+            stripped = pool.map(_worker_analyze, todo, chunksize=max(1, len(todo) // 16))
+            analyses = [replace(a, page=p) for p, a in zip(todo, stripped, strict=True)]
         by_identity = {id(p): a for p, a in zip(todo, analyses, strict=True)}
         out = []
         for item in items:

@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from opskit import wait_for
 
 from stream_dedup.sample import SamplePage, build
 
@@ -64,15 +64,6 @@ def kcat_consume(bootstrap: str, topic: str) -> list[dict[str, Any]]:
     out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e",
                           "-J", "-q"], capture_output=True, timeout=60)
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def decisions_of(bootstrap: str, topic: str) -> list[dict[str, Any]]:

@@ -134,6 +134,7 @@ class MemoryIndex:
         # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
         self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
         self._docs: list[StoredDoc] = []
+        self._doc_bytes = 0  # running total: stats() must not walk millions of records
         self._offsets: dict[str, int] = {}
 
     def check_stamp(self, stamp: int) -> None:
@@ -160,6 +161,8 @@ class MemoryIndex:
     def insert(self, doc: StoredDoc) -> int:
         page_id = len(self._docs)
         self._docs.append(doc)
+        self._doc_bytes += (doc.sketch.nbytes + doc.features.nbytes + len(doc.ld_signature)
+                            + len(doc.url))
         for feature in doc.features.tolist():
             self._features.add(feature, page_id)
         self._exact[RAW].add(doc.raw_fp, page_id)
@@ -193,14 +196,10 @@ class MemoryIndex:
     def stats(self) -> dict[str, float]:
         pages = len(self._docs)
         index_bytes = self._features.nbytes() + sum(m.nbytes() for m in self._exact)
-        doc_bytes = sum(
-            d.sketch.nbytes + d.features.nbytes + len(d.ld_signature) + len(d.url)
-            for d in self._docs
-        )
         return {
             "pages": pages,
             "feature_entries": len(self._features),
             "index_bytes": index_bytes,
             "index_bytes_per_page": index_bytes / pages if pages else 0.0,
-            "doc_store_bytes": doc_bytes,
+            "doc_store_bytes": self._doc_bytes,
         }

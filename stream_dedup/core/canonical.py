@@ -9,4 +9,5 @@ from .tokens import Tokens, tokenize
 
 def canonicalize(body: bytes, content_type: str | None, *, boilerplate: bool) -> Tokens:
     """Decode the charset, keep the visible text, normalize and tokenize it."""
-    return tokenize(visible_text(decode_html(body, content_type), boilerplate=boilerplate))
+    html = decode_html(body, content_type)
+    return tokenize(visible_text(html, boilerplate=boilerplate, collapse=False))

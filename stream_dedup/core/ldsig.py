@@ -24,11 +24,25 @@ from rapidfuzz.distance import Levenshtein
 
 from .hashing import U64, mix64, odd_constants
 
+try:
+    from . import _native
+except ImportError:  # installed without a C compiler: the numpy code computes the same
+    _native = None
+
 _SYMBOL_SHIFT = U64(40)
 
 
 def signature(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
     """The signature of a text given as uint32 code points."""
+    if _native is None:
+        return signature_numpy(codepoints, c, n, seed)
+    cps = np.ascontiguousarray(codepoints, dtype=np.uint32)
+    sig: bytes = _native.ld_signature(cps, c, _window_constants(seed, n))
+    return sig
+
+
+def signature_numpy(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
+    """`signature` in numpy array operations (the reference definition)."""
     length = codepoints.shape[0] - n + 1
     if length <= 0:
         return b""

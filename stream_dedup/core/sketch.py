@@ -31,6 +31,11 @@ import xxhash
 from ..errors import ConfigError
 from .hashing import MASK64, U64, mix64, mix64_int, odd_constants
 
+try:
+    from . import _native
+except ImportError:  # installed without a C compiler: the numpy code computes the same
+    _native = None
+
 FAMILIES = ("affine64", "mix64")
 _SHIFT32 = U64(32)
 _BLOCK = 4096  # shingles per block: keeps the (k*s, block) temporaries in cache
@@ -88,6 +93,13 @@ class Sketcher:
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
         """64-bit fingerprints of every w-token window (fewer than w tokens: none)."""
+        if _native is None:
+            return self.shingles_numpy(token_hashes)
+        hashes = np.ascontiguousarray(token_hashes, dtype=np.uint64)
+        return np.frombuffer(_native.shingles(hashes, self._shingle_mult), dtype=np.uint64)
+
+    def shingles_numpy(self, token_hashes: np.ndarray) -> np.ndarray:
+        """`shingles` in numpy array operations (the reference definition)."""
         w = self.params.shingle_words
         n = token_hashes.shape[0] - w + 1
         if n <= 0:
@@ -100,6 +112,14 @@ class Sketcher:
     # --- sketch -------------------------------------------------------------------
     def sketch(self, shingles: np.ndarray) -> np.ndarray:
         """k*s min-hash values (uint32). An empty set sketches to all 0xFFFFFFFF."""
+        if _native is None:
+            return self.sketch_numpy(shingles)
+        x = np.ascontiguousarray(shingles, dtype=np.uint64)
+        family = FAMILIES.index(self.params.family)
+        return np.frombuffer(_native.minhash(x, self._a, self._b, family), dtype=np.uint32)
+
+    def sketch_numpy(self, shingles: np.ndarray) -> np.ndarray:
+        """`sketch` in numpy array operations (the reference definition)."""
         out = np.full(self.params.num_perm, 0xFFFFFFFF, dtype=np.uint32)
         if shingles.shape[0] == 0:
             return out

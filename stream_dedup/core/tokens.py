@@ -14,9 +14,11 @@ What a token is:
   uses, and w of them in a row (a character w-gram) is a shingle as specific as a short
   phrase.
 
-Nothing here creates a Python object per token: the text becomes one uint32 array of code
-points, a 1.1 MB lookup table classifies every code point, and token hashes come out of
-numpy reductions.
+Nothing here creates a Python object per token. The compiled kernel (`_native.tokenize`) does
+it in one pass over the string; `tokenize_numpy` is the same definition in numpy array
+operations (one uint32 array of code points, a 1.1 MB table that classifies every code point,
+token hashes from reductions). It is the reference the kernel is tested against, and what
+runs where the kernel could not be built.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ from functools import lru_cache
 import numpy as np
 
 from .hashing import U64, mix64, odd_constants
+
+try:
+    from . import _native
+except ImportError:  # installed without a C compiler: the numpy code computes the same
+    _native = None
 
 SEP, WORD, SOLO = 0, 1, 2
 _SOLO_RANGES = (
@@ -62,6 +69,54 @@ def char_classes() -> np.ndarray:
     return table
 
 
+FOLD_COMPLEX = 0xFFFFFFFF
+FOLD_MULTI = 0x80000000
+_SIGMA = "\u03a3"  # lower() of a capital sigma depends on what follows it (final sigma)
+
+
+@lru_cache(maxsize=1)
+def fold_table() -> tuple[np.ndarray, np.ndarray]:
+    """lower(NFKC(ch)) per code point, for the kernel to apply character by character (~0.3 s,
+    once per process).
+
+    That equals lower(NFKC(text)) as long as no character of the text interacts with its
+    neighbours in NFKC or in lower(): those are FOLD_COMPLEX, and a text holding one is
+    normalized as a whole instead. Complex are combining marks (canonical reordering,
+    composition), characters that compose with the one before them (second halves of
+    canonical pairs, Hangul vowel and trailing jamo), characters whose mapping contains such
+    a character, and a capital sigma anywhere in the mapping. A mapping to several
+    characters (``…`` → ``...``) is FOLD_MULTI | index into `multi`, where its length and
+    code points are stored.
+    """
+    seconds = set(range(0x1161, 0x1176)) | set(range(0x11A8, 0x11C3))
+    assigned: list[tuple[int, str]] = []  # (code point, lower(NFKC)); the rest map to themselves
+    sigma: set[int] = set()
+    for cp in range(sys.maxunicode + 1):
+        ch = chr(cp)
+        if unicodedata.category(ch) in ("Cn", "Co", "Cs"):
+            continue
+        dec = unicodedata.decomposition(ch).split()
+        if len(dec) == 2 and not dec[0].startswith("<"):
+            seconds.add(int(dec[1], 16))
+        nfkc = unicodedata.normalize("NFKC", ch)
+        if _SIGMA in nfkc:
+            sigma.add(cp)
+        assigned.append((cp, nfkc.lower()))
+    fold = np.arange(sys.maxunicode + 1, dtype=np.uint32)
+    multi: list[int] = []
+    for cp, out in assigned:
+        if cp in sigma or any(unicodedata.combining(x) or ord(x) in seconds for x in out) or (
+            cp in seconds or unicodedata.combining(chr(cp))
+        ):
+            fold[cp] = FOLD_COMPLEX
+        elif len(out) > 1:
+            fold[cp] = FOLD_MULTI | len(multi)
+            multi += [len(out), *map(ord, out)]
+        elif out != chr(cp):
+            fold[cp] = ord(out)
+    return fold, np.array(multi, dtype=np.uint32)
+
+
 @dataclass(frozen=True, slots=True)
 class Tokens:
     """The canonical text of a page and its token hashes."""
@@ -83,12 +138,28 @@ _MAX_OFFSET = 255  # characters past this offset in one token share the last con
 _OFFSET_KEYS = odd_constants(0x70CE_4A54, _MAX_OFFSET + 1, salt=11)
 
 
+def normalize(visible_text: str) -> str:
+    """NFKC, then lower case (the kernels classify and hash the code points of this)."""
+    if visible_text.isascii():  # NFKC leaves ASCII as it is; skip the scan
+        return visible_text.lower()
+    return unicodedata.normalize("NFKC", visible_text).lower()
+
+
 def tokenize(visible_text: str) -> Tokens:
     """Visible text → canonical code points and one 64-bit hash per token."""
-    if visible_text.isascii():  # NFKC leaves ASCII as it is; skip the scan
-        text = visible_text.lower()
-    else:
-        text = unicodedata.normalize("NFKC", visible_text).lower()
+    if _native is None:
+        return tokenize_numpy(visible_text)
+    fold, multi = fold_table()
+    out = _native.tokenize(visible_text, char_classes(), _OFFSET_KEYS, fold, multi)
+    if out is None:  # a character that needs NFKC over the whole string
+        out = _native.tokenize(normalize(visible_text), char_classes(), _OFFSET_KEYS, None, multi)
+    canon, hashes = out
+    return Tokens(np.frombuffer(canon, dtype=np.uint32), np.frombuffer(hashes, dtype=np.uint64))
+
+
+def tokenize_numpy(visible_text: str) -> Tokens:
+    """`tokenize` in numpy array operations (the reference definition)."""
+    text = normalize(visible_text)
     if not text:
         return Tokens(_EMPTY_U32, _EMPTY_U64)
     cp = np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)

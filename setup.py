@@ -1,0 +1,18 @@
+"""The compiled kernels (stream_dedup/core/_native.c); everything else is in pyproject.toml.
+
+`optional=True`: without a C compiler the package still installs and runs on its numpy code,
+which computes the same values more slowly.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "stream_dedup.core._native",
+            ["stream_dedup/core/_native.c"],
+            extra_compile_args=["-O3", "-std=c11"],
+            optional=True,
+        )
+    ]
+)

@@ -35,10 +35,25 @@ static inline uint64_t mix64(uint64_t x) {
 }
 
 /* --- growable byte buffer ---------------------------------------------------------------- */
+/* The kernels reuse one scratch buffer each across calls: a fresh ~100 KB allocation per page
+ * is returned to the OS on free and page-faulted back in on the next page, which cost more
+ * than the work. The GIL is held throughout, so one buffer per kernel is safe; one grown
+ * past KEEP_MAX by a huge page is released after use. */
+#define KEEP_MAX ((size_t)8 << 20)
+
 typedef struct {
     char *data;
     size_t len, cap;
 } Buf;
+
+static void buf_release_if_huge(Buf *b) {
+    if (b->cap > KEEP_MAX) {
+        PyMem_Free(b->data);
+        b->data = NULL;
+        b->cap = 0;
+    }
+    b->len = 0;
+}
 
 static int buf_reserve(Buf *b, size_t extra) {
     if (b->len + extra <= b->cap) return 0;
@@ -184,7 +199,8 @@ static PyObject *visible_text(PyObject *self, PyObject *args) {
     }
     if (!PyArg_ParseTuple(args, "Ky*y*", &root, &drop, &brk)) return NULL;
     PyObject *result = NULL;
-    Buf out = {0};
+    static Buf out;
+    out.len = 0;
     if (drop.len * 8 < TAG_BITS || brk.len * 8 < TAG_BITS) {
         PyErr_SetString(PyExc_ValueError, "tag bitmaps must have TAG_BITS bits");
     } else if (walk((void *)(uintptr_t)root, drop.buf, brk.buf, &out) != 0) {
@@ -192,7 +208,7 @@ static PyObject *visible_text(PyObject *self, PyObject *args) {
     } else {
         result = PyUnicode_DecodeUTF8(out.data ? out.data : "", (Py_ssize_t)out.len, "replace");
     }
-    PyMem_Free(out.data);
+    buf_release_if_huge(&out);
     PyBuffer_Release(&drop);
     PyBuffer_Release(&brk);
     return result;
@@ -206,29 +222,8 @@ typedef struct {
     const uint64_t *key;
     uint32_t *canon;
     uint64_t *hashes;
-    Py_ssize_t nc, nt, cap; /* cap: room in canon and in hashes */
-    int prev;
-    uint64_t sum;
-    unsigned offset;
+    Py_ssize_t nc, nt, cap; /* cap: room in canon and in hashes (one more slot) */
 } Tok;
-
-static inline void tok_feed(Tok *t, uint32_t cp) {
-    int c = t->cls[cp];
-    if (c == SEP) {
-        if (t->prev != SEP) t->canon[t->nc++] = 32;
-    } else {
-        if (t->prev == SEP || c == SOLO || t->prev == SOLO) { /* a token starts */
-            if (t->nt) t->hashes[t->nt - 1] = mix64(t->sum);
-            t->nt++;
-            t->sum = 0;
-            t->offset = 0;
-        }
-        t->canon[t->nc++] = cp;
-        t->sum += ((uint64_t)cp + 1) * t->key[t->offset < MAX_OFFSET ? t->offset : MAX_OFFSET];
-        t->offset++;
-    }
-    t->prev = c;
-}
 
 static int tok_room(Tok *t, Py_ssize_t extra) {
     if (t->nc + extra <= t->cap) return 0;
@@ -236,7 +231,7 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
     uint32_t *canon = PyMem_Realloc(t->canon, cap * sizeof *canon);
     if (canon == NULL) return -1;
     t->canon = canon;
-    uint64_t *hashes = PyMem_Realloc(t->hashes, cap * sizeof *hashes);
+    uint64_t *hashes = PyMem_Realloc(t->hashes, (cap + 1) * sizeof *hashes);
     if (hashes == NULL) return -1;
     t->hashes = hashes;
     t->cap = cap;
@@ -245,6 +240,76 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
 
 #define FOLD_COMPLEX 0xFFFFFFFFu /* needs the whole-string NFKC */
 #define FOLD_MULTI 0x80000000u   /* low bits: index into `multi` of (length, code points...) */
+
+/* One code point into the tokenizer, on tok_run's locals. Branch-free (token boundaries are
+ * unpredictable): the canonical slot and the running token sum are written for every code
+ * point, and only the counters decide what is kept. hashes[1..nt] hold the unmixed token
+ * sums (slot 0 absorbs the writes before the first token); tok_run mixes them at the end. */
+#define TOK_FEED(CP)                                                                         \
+    do {                                                                                     \
+        uint32_t cp_ = (CP);                                                                 \
+        int c_ = cls[cp_];                                                                   \
+        int word_ = c_ != SEP;                                                               \
+        int start_ = word_ & ((prev == SEP) | (c_ == SOLO) | (prev == SOLO));                \
+        canon[nc] = 32u ^ ((cp_ ^ 32u) & (0u - (uint32_t)word_));                            \
+        nc += word_ | (prev != SEP);                                                         \
+        nt += start_;                                                                        \
+        sum &= (uint64_t)0 - (uint64_t)!start_;                                              \
+        offset &= 0u - (unsigned)!start_;                                                   \
+        uint64_t add_ = ((uint64_t)cp_ + 1) * key[offset < MAX_OFFSET ? offset : MAX_OFFSET]; \
+        sum += add_ & ((uint64_t)0 - (uint64_t)word_);                                       \
+        offset += word_;                                                                     \
+        hashes[nt] = sum;                                                                    \
+        prev = c_;                                                                           \
+    } while (0)
+
+/* The loop over one string kind. 0: done; 1: a FOLD_COMPLEX code point; -1: no memory;
+ * -2: a corrupt fold table. The room made up front is one output per input; a multi-character
+ * mapping makes room for its extra outputs. */
+#define TOK_LOOP(TYPE)                                                                       \
+    for (Py_ssize_t i = 0; i < n; i++) {                                                     \
+        uint32_t cp = ((const TYPE *)data)[i];                                               \
+        if (fmap != NULL) {                                                                  \
+            uint32_t f = fmap[cp];                                                           \
+            if (f >= FOLD_MULTI) {                                                           \
+                if (f == FOLD_COMPLEX) return 1;                                             \
+                Py_ssize_t at = f & ~FOLD_MULTI, len = at < mlen ? mseq[at] : 0;             \
+                if (at + len >= mlen) return -2;                                             \
+                t->nc = nc;                                                                  \
+                if (tok_room(t, len + (n - i))) return -1;                                   \
+                canon = t->canon;                                                            \
+                hashes = t->hashes;                                                          \
+                for (Py_ssize_t j = 1; j <= len; j++) TOK_FEED(mseq[at + j]);                \
+                continue;                                                                    \
+            }                                                                                \
+            cp = f;                                                                          \
+        }                                                                                    \
+        TOK_FEED(cp);                                                                        \
+    }
+
+static int tok_run(Tok *t, const void *data, int kind, Py_ssize_t n, const uint32_t *fmap,
+                   const uint32_t *mseq, Py_ssize_t mlen) {
+    const unsigned char *cls = t->cls;
+    const uint64_t *key = t->key;
+    uint32_t *canon = t->canon;
+    uint64_t *hashes = t->hashes;
+    Py_ssize_t nc = 0, nt = 0;
+    int prev = SEP;
+    uint64_t sum = 0;
+    unsigned offset = 0;
+    if (kind == PyUnicode_1BYTE_KIND) {
+        TOK_LOOP(Py_UCS1)
+    } else if (kind == PyUnicode_2BYTE_KIND) {
+        TOK_LOOP(Py_UCS2)
+    } else {
+        TOK_LOOP(Py_UCS4)
+    }
+    for (Py_ssize_t i = 1; i <= nt; i++) hashes[i] = mix64(hashes[i]);
+    if (nc && canon[nc - 1] == 32) nc--;
+    t->nc = nc;
+    t->nt = nt;
+    return 0;
+}
 
 /* tokenize(text, classes: uint8[0x110000], keys: uint64[256], fold: uint32[0x110000] | None,
  *          multi: uint32[]) -> (canon uint32 bytes, token hash uint64 bytes) or None.
@@ -257,7 +322,7 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Uy*y*Oy*", &text, &classes, &keys, &fold_obj, &multi))
         return NULL;
     PyObject *result = NULL;
-    Tok t = {0};
+    static Tok t; /* scratch kept across calls, see Buf */
     int folding = fold_obj != Py_None;
     if (folding && PyObject_GetBuffer(fold_obj, &fold, PyBUF_SIMPLE) != 0) goto done;
     if (classes.len < 0x110000 || keys.len < (Py_ssize_t)((MAX_OFFSET + 1) * 8) ||
@@ -267,46 +332,32 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
     }
     t.cls = classes.buf;
     t.key = keys.buf;
-    const uint32_t *fmap = fold.buf, *mseq = multi.buf;
-    Py_ssize_t mlen = multi.len / 4;
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
+    t.nc = t.nt = 0;
     if (tok_room(&t, n + 64)) goto nomem;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint32_t cp = PyUnicode_READ(kind, data, i);
-        if (folding) {
-            uint32_t f = fmap[cp];
-            if (f == FOLD_COMPLEX) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
-            if (f & FOLD_MULTI) {
-                Py_ssize_t at = f & ~FOLD_MULTI;
-                Py_ssize_t len = at < mlen ? mseq[at] : 0;
-                if (at + len >= mlen) {
-                    PyErr_SetString(PyExc_ValueError, "fold table points past multi");
-                    goto done;
-                }
-                /* the room made up front is one output per input: keep that true */
-                if (tok_room(&t, len + (n - i))) goto nomem;
-                for (Py_ssize_t j = 1; j <= len; j++) tok_feed(&t, mseq[at + j]);
-                continue;
-            }
-            cp = f;
-        }
-        tok_feed(&t, cp);
+    int status = tok_run(&t, PyUnicode_DATA(text), PyUnicode_KIND(text), n,
+                         folding ? fold.buf : NULL, multi.buf, multi.len / 4);
+    if (status == 1) {
+        result = Py_NewRef(Py_None);
+    } else if (status == -2) {
+        PyErr_SetString(PyExc_ValueError, "fold table points past multi");
+    } else if (status == 0) {
+        result = Py_BuildValue("(y#y#)", (const char *)t.canon, t.nc * (Py_ssize_t)4,
+                               (const char *)(t.hashes + 1), t.nt * (Py_ssize_t)8);
+    } else {
+        goto nomem;
     }
-    if (t.nt) t.hashes[t.nt - 1] = mix64(t.sum);
-    if (t.nc && t.canon[t.nc - 1] == 32) t.nc--;
-    result = Py_BuildValue("(y#y#)", (const char *)t.canon, t.nc * (Py_ssize_t)sizeof *t.canon,
-                           (const char *)t.hashes, t.nt * (Py_ssize_t)sizeof *t.hashes);
     goto done;
 nomem:
     PyErr_NoMemory();
 done:
-    PyMem_Free(t.canon);
-    PyMem_Free(t.hashes);
+    if ((size_t)t.cap * 12 > KEEP_MAX) {
+        PyMem_Free(t.canon);
+        PyMem_Free(t.hashes);
+        t.canon = NULL;
+        t.hashes = NULL;
+        t.cap = 0;
+    }
     PyBuffer_Release(&classes);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&multi);
@@ -424,7 +475,8 @@ static PyObject *ld_signature(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*Ky*", &cps, &c, &mult)) return NULL;
     Py_ssize_t len = cps.len / 4, n = mult.len / 8, total = len - n + 1;
     PyObject *result = NULL;
-    Buf out = {0};
+    static Buf out;
+    out.len = 0;
     if (c == 0 || n < 1) {
         PyErr_SetString(PyExc_ValueError, "c and n must be >= 1");
         goto done;
@@ -446,7 +498,7 @@ static PyObject *ld_signature(PyObject *self, PyObject *args) {
     }
     result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
 done:
-    PyMem_Free(out.data);
+    buf_release_if_huge(&out);
     PyBuffer_Release(&cps);
     PyBuffer_Release(&mult);
     return result;

@@ -214,6 +214,67 @@ static PyObject *visible_text(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* --- nesting depth ------------------------------------------------------------------------ */
+/* too_deep(html, limit, flat): True if element nesting exceeds `limit`, by the rule of
+ * extract._too_deep: every `<name` deepens, every `</name` closes one, except the names in
+ * `flat` (each packed as up to 8 lower-case bytes in a little-endian uint64), which never
+ * nest. Names longer than 8 characters are never in `flat`. */
+static inline int tag_char(Py_UCS4 c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+#define DEPTH_LOOP(TYPE)                                                                     \
+    {                                                                                        \
+        const TYPE *d = data;                                                                \
+        for (Py_ssize_t i = 0; i < n; i++) {                                                 \
+            if (d[i] != '<') continue;                                                       \
+            Py_ssize_t j = i + 1;                                                            \
+            int closing = j < n && d[j] == '/';                                              \
+            j += closing;                                                                    \
+            if (j >= n || !((d[j] | 32) >= 'a' && (d[j] | 32) <= 'z')) continue;            \
+            uint64_t name = 0;                                                               \
+            Py_ssize_t len = 0;                                                              \
+            for (; j < n && tag_char(d[j]); j++, len++) {                                    \
+                if (len < 8) {                                                               \
+                    Py_UCS4 c = d[j];                                                        \
+                    if (c >= 'A' && c <= 'Z') c += 32;                                       \
+                    name |= (uint64_t)c << (8 * len);                                        \
+                }                                                                            \
+            }                                                                                \
+            int is_flat = 0;                                                                 \
+            for (Py_ssize_t k = 0; len <= 8 && k < nflat; k++) is_flat |= flat[k] == name;   \
+            if (is_flat) continue;                                                           \
+            if (closing) {                                                                   \
+                depth -= depth > 0;                                                          \
+            } else if (++depth > limit) {                                                    \
+                Py_RETURN_TRUE;                                                              \
+            }                                                                                \
+            i = j - 1;                                                                       \
+        }                                                                                    \
+    }
+
+static PyObject *too_deep(PyObject *self, PyObject *args) {
+    PyObject *html;
+    Py_ssize_t limit;
+    Py_buffer flat_buf;
+    if (!PyArg_ParseTuple(args, "Uny*", &html, &limit, &flat_buf)) return NULL;
+    const uint64_t *flat = flat_buf.buf;
+    Py_ssize_t nflat = flat_buf.len / 8, n = PyUnicode_GET_LENGTH(html), depth = 0;
+    const void *data = PyUnicode_DATA(html);
+    PyBuffer_Release(&flat_buf); /* `flat` is a bytes object the caller keeps alive */
+    switch (PyUnicode_KIND(html)) {
+    case PyUnicode_1BYTE_KIND:
+        DEPTH_LOOP(Py_UCS1)
+        break;
+    case PyUnicode_2BYTE_KIND:
+        DEPTH_LOOP(Py_UCS2)
+        break;
+    default:
+        DEPTH_LOOP(Py_UCS4)
+    }
+    Py_RETURN_FALSE;
+}
+
 /* --- tokens ------------------------------------------------------------------------------- */
 enum { SEP = 0, WORD = 1, SOLO = 2, MAX_OFFSET = 255 };
 
@@ -264,27 +325,65 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
     } while (0)
 
 /* The loop over one string kind. 0: done; 1: a FOLD_COMPLEX code point; -1: no memory;
- * -2: a corrupt fold table. The room made up front is one output per input; a multi-character
- * mapping makes room for its extra outputs. */
+ * -2: a corrupt fold table. Runs of word characters and runs of separators (the bulk of any
+ * text) go through tight loops whose branches are predictable; SOLO characters and
+ * multi-character mappings go through TOK_FEED one by one. The room made up front is one
+ * output per input; a multi-character mapping makes room for its extra outputs. */
+#define TOK_FOLD(CP, ON_SPECIAL)                                                             \
+    if (fmap != NULL) {                                                                      \
+        uint32_t f_ = fmap[CP];                                                              \
+        if (f_ >= FOLD_MULTI) ON_SPECIAL;                                                    \
+        CP = f_;                                                                             \
+    }
+
 #define TOK_LOOP(TYPE)                                                                       \
-    for (Py_ssize_t i = 0; i < n; i++) {                                                     \
-        uint32_t cp = ((const TYPE *)data)[i];                                               \
-        if (fmap != NULL) {                                                                  \
-            uint32_t f = fmap[cp];                                                           \
-            if (f >= FOLD_MULTI) {                                                           \
-                if (f == FOLD_COMPLEX) return 1;                                             \
-                Py_ssize_t at = f & ~FOLD_MULTI, len = at < mlen ? mseq[at] : 0;             \
-                if (at + len >= mlen) return -2;                                             \
-                t->nc = nc;                                                                  \
-                if (tok_room(t, len + (n - i))) return -1;                                   \
-                canon = t->canon;                                                            \
-                hashes = t->hashes;                                                          \
-                for (Py_ssize_t j = 1; j <= len; j++) TOK_FEED(mseq[at + j]);                \
-                continue;                                                                    \
+    for (Py_ssize_t i = 0; i < n;) {                                                         \
+        const TYPE *d = data;                                                                \
+        uint32_t cp = d[i];                                                                  \
+        TOK_FOLD(cp, goto special_##TYPE)                                                    \
+        int c = cls[cp];                                                                     \
+        if (c == WORD) {                                                                     \
+            if (prev != WORD) { /* a token starts */                                         \
+                nt++;                                                                        \
+                sum = 0;                                                                     \
+                offset = 0;                                                                  \
             }                                                                                \
-            cp = f;                                                                          \
+            for (;;) {                                                                       \
+                canon[nc++] = cp;                                                            \
+                sum += ((uint64_t)cp + 1) * key[offset < MAX_OFFSET ? offset : MAX_OFFSET];  \
+                offset++;                                                                    \
+                if (++i >= n) break;                                                         \
+                cp = d[i];                                                                   \
+                TOK_FOLD(cp, break)                                                          \
+                if (cls[cp] != WORD) break;                                                  \
+            }                                                                                \
+            hashes[nt] = sum;                                                                \
+            prev = WORD;                                                                     \
+        } else if (c == SEP) {                                                               \
+            if (prev != SEP) canon[nc++] = 32;                                               \
+            prev = SEP;                                                                      \
+            for (i++; i < n; i++) {                                                          \
+                cp = d[i];                                                                   \
+                TOK_FOLD(cp, break)                                                          \
+                if (cls[cp] != SEP) break;                                                   \
+            }                                                                                \
+        } else {                                                                             \
+            TOK_FEED(cp);                                                                    \
+            i++;                                                                             \
         }                                                                                    \
-        TOK_FEED(cp);                                                                        \
+        continue;                                                                            \
+    special_##TYPE : {                                                                       \
+        uint32_t f = fmap[d[i]];                                                             \
+        if (f == FOLD_COMPLEX) return 1;                                                     \
+        Py_ssize_t at = f & ~FOLD_MULTI, len = at < mlen ? mseq[at] : 0;                     \
+        if (at + len >= mlen) return -2;                                                     \
+        t->nc = nc;                                                                          \
+        if (tok_room(t, len + (n - i))) return -1;                                           \
+        canon = t->canon;                                                                    \
+        hashes = t->hashes;                                                                  \
+        for (Py_ssize_t j = 1; j <= len; j++) TOK_FEED(mseq[at + j]);                        \
+        i++;                                                                                 \
+    }                                                                                        \
     }
 
 static int tok_run(Tok *t, const void *data, int kind, Py_ssize_t n, const uint32_t *fmap,
@@ -510,6 +609,8 @@ static PyMethodDef methods[] = {
      "loaded selectolax module, calibrated on a text node holding `marker`."},
     {"visible_text", visible_text, METH_VARARGS,
      "visible_text(root_addr, drop_bitmap, break_bitmap) -> str"},
+    {"too_deep", too_deep, METH_VARARGS,
+     "too_deep(html, limit, flat_names) -> bool: element nesting deeper than limit"},
     {"tokenize", tokenize, METH_VARARGS,
      "tokenize(text, classes, offset_keys, fold, multi) -> (canonical uint32 bytes, token hash "
      "uint64 bytes), or None when fold is given and the text needs the whole-string NFKC"},

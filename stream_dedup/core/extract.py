@@ -128,6 +128,9 @@ _NO_DEPTH = {
     "source", "track", "wbr", "p", "li", "dt", "dd", "td", "th", "tr", "tbody", "thead",
     "tfoot", "option", "optgroup", "rb", "rt", "rp", "colgroup", "caption",
 }  # fmt: skip
+_NO_DEPTH_PACKED = b"".join(
+    name.encode().ljust(8, b"\0") for name in sorted(_NO_DEPTH) if len(name) <= 8
+)
 _RAW_BLOCKS = re.compile(
     r"<!--.*?(?:-->|$)|<(script|style|noscript|template|svg|math|head|title|iframe|object)\b"
     r".*?(?:</\1\s*>|$)",
@@ -283,8 +286,10 @@ def _too_deep(html: str) -> bool:
     Only pages with many tags can be slow, so only they pay for this scan. Elements that close
     themselves implicitly (p, li, td...) and void ones do not deepen the tree.
     """
-    if html.count("<") < _TAG_COUNT_CHECK:
+    if len(html) < _TAG_COUNT_CHECK or html.count("<") < _TAG_COUNT_CHECK:
         return False
+    if _native is not None:
+        return bool(_native.too_deep(html, _MAX_DEPTH, _NO_DEPTH_PACKED))
     depth = 0
     for match in _TAG.finditer(html):
         if match.group(2).lower() in _NO_DEPTH:

@@ -215,19 +215,36 @@ static PyObject *visible_text(PyObject *self, PyObject *args) {
 }
 
 /* --- nesting depth ------------------------------------------------------------------------ */
-/* too_deep(html, limit, flat): True if element nesting exceeds `limit`, by the rule of
- * extract._too_deep: every `<name` deepens, every `</name` closes one, except the names in
- * `flat` (each packed as up to 8 lower-case bytes in a little-endian uint64), which never
- * nest. Names longer than 8 characters are never in `flat`. */
+/* too_deep(html, min_tags, limit, flat): True if the page has at least `min_tags` '<' and
+ * its element nesting exceeds `limit`, by the rule of extract._too_deep: every `<name`
+ * deepens, every `</name` closes one, except the names in `flat` (each packed as up to 8
+ * lower-case bytes in a little-endian uint64), which never nest. Names longer than 8
+ * characters are never in `flat`. One-byte strings (nearly all HTML) are scanned with
+ * memchr, which skips the text between tags at memory speed. */
 static inline int tag_char(Py_UCS4 c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
 }
 
+#define NEXT_LT(TYPE, I)                                                                     \
+    if (sizeof(TYPE) == 1) {                                                                 \
+        const void *p_ = memchr(d + (I), '<', (size_t)(n - (I)));                            \
+        I = p_ == NULL ? n : (const TYPE *)p_ - d;                                           \
+    } else {                                                                                 \
+        while (I < n && d[I] != '<') I++;                                                    \
+    }
+
 #define DEPTH_LOOP(TYPE)                                                                     \
     {                                                                                        \
         const TYPE *d = data;                                                                \
+        Py_ssize_t tags = 0;                                                                 \
+        for (Py_ssize_t i = 0; i < n && tags < min_tags; i++, tags++) {                      \
+            NEXT_LT(TYPE, i)                                                                 \
+            if (i >= n) break;                                                               \
+        }                                                                                    \
+        if (tags < min_tags) Py_RETURN_FALSE;                                                \
         for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-            if (d[i] != '<') continue;                                                       \
+            NEXT_LT(TYPE, i)                                                                 \
+            if (i >= n) break;                                                               \
             Py_ssize_t j = i + 1;                                                            \
             int closing = j < n && d[j] == '/';                                              \
             j += closing;                                                                    \
@@ -255,9 +272,9 @@ static inline int tag_char(Py_UCS4 c) {
 
 static PyObject *too_deep(PyObject *self, PyObject *args) {
     PyObject *html;
-    Py_ssize_t limit;
+    Py_ssize_t min_tags, limit;
     Py_buffer flat_buf;
-    if (!PyArg_ParseTuple(args, "Uny*", &html, &limit, &flat_buf)) return NULL;
+    if (!PyArg_ParseTuple(args, "Unny*", &html, &min_tags, &limit, &flat_buf)) return NULL;
     const uint64_t *flat = flat_buf.buf;
     Py_ssize_t nflat = flat_buf.len / 8, n = PyUnicode_GET_LENGTH(html), depth = 0;
     const void *data = PyUnicode_DATA(html);
@@ -610,7 +627,8 @@ static PyMethodDef methods[] = {
     {"visible_text", visible_text, METH_VARARGS,
      "visible_text(root_addr, drop_bitmap, break_bitmap) -> str"},
     {"too_deep", too_deep, METH_VARARGS,
-     "too_deep(html, limit, flat_names) -> bool: element nesting deeper than limit"},
+     "too_deep(html, min_tags, limit, flat_names) -> bool: at least min_tags tags and element "
+     "nesting deeper than limit"},
     {"tokenize", tokenize, METH_VARARGS,
      "tokenize(text, classes, offset_keys, fold, multi) -> (canonical uint32 bytes, token hash "
      "uint64 bytes), or None when fold is given and the text needs the whole-string NFKC"},

@@ -286,10 +286,12 @@ def _too_deep(html: str) -> bool:
     Only pages with many tags can be slow, so only they pay for this scan. Elements that close
     themselves implicitly (p, li, td...) and void ones do not deepen the tree.
     """
-    if len(html) < _TAG_COUNT_CHECK or html.count("<") < _TAG_COUNT_CHECK:
+    if len(html) < _TAG_COUNT_CHECK:
         return False
     if _native is not None:
-        return bool(_native.too_deep(html, _MAX_DEPTH, _NO_DEPTH_PACKED))
+        return bool(_native.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH, _NO_DEPTH_PACKED))
+    if html.count("<") < _TAG_COUNT_CHECK:
+        return False
     depth = 0
     for match in _TAG.finditer(html):
         if match.group(2).lower() in _NO_DEPTH:

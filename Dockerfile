@@ -1,8 +1,18 @@
 # stream-dedup: `serve` (the Kafka service + HTTP API) by default; any subcommand works:
 #   docker build -t stream-dedup:local .
 #   docker run --rm stream-dedup:local replay --help
-# Every dependency ships binary wheels for linux/amd64 and linux/arm64 (CPython 3.11), so the
-# slim image needs no compiler.
+# Dependencies ship binary wheels for linux/amd64 and linux/arm64 (CPython 3.11). The project's
+# own C kernels (stream_dedup/core/_native.c) are compiled in a build stage, so the runtime
+# image carries no compiler.
+FROM python:3.11-slim AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY pyproject.toml setup.py README.md ./
+COPY stream_dedup ./stream_dedup
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -10,11 +20,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY stream_dedup ./stream_dedup
-RUN pip install . \
- && rm -rf /src \
+COPY --from=build /wheels /wheels
+RUN pip install /wheels/*.whl \
+ && python -c "import stream_dedup.core._native" \
+ && rm -rf /wheels \
  && useradd --create-home --uid 10001 --user-group dedup
 
 USER dedup

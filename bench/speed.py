@@ -212,11 +212,8 @@ STAGES = (
     "decode (charset)",
     "extract: depth check (_too_deep)",
     "extract: parse (lexbor)",
-    "extract: walk (unlink/pad nodes)",
-    "extract: text() + whitespace",
-    "tokenize: NFKC + lower",
-    "tokenize: classify + canonical text",
-    "tokenize: token hashes",
+    "extract: walk + text",
+    "tokenize (fold, classify, hash)",
     "canonical fp + lookups",
     "shingles",
     "sketch (84 min-hashes)",
@@ -311,34 +308,33 @@ def new_profiled(clock: Clock) -> tuple[Deduplicator, VerifyObserver | None]:
 
 
 def _visible_text_timed(html: str, clock: Clock, boilerplate: bool) -> str:
-    """extract.visible_text, stage by stage (the same private functions, in the same order)."""
+    """extract.visible_text(collapse=False), stage by stage (the same private functions, in
+    the same order)."""
     if not html or html.isspace():
         return ""
     too_deep = extract._too_deep(html)
     clock.lap("extract: depth check (_too_deep)")
     if boilerplate or too_deep:
-        text = extract.visible_text(html, boilerplate=boilerplate)
+        text = extract.visible_text(html, boilerplate=boilerplate, collapse=False)
         clock.lap("extract: parse (lexbor)")
         return text
     tree = extract._parse(html)
     clock.lap("extract: parse (lexbor)")
     body = tree.body
-    if body is None:  # frameset
+    if body is None or not extract.NATIVE_WALK:  # frameset, or no compiled kernel
         text = extract._extract(html, False, allow_noframes=True)
-        clock.lap("extract: parse (lexbor)")
+        clock.lap("extract: walk + text")
         return text
-    extract._walk(body, extract._INVISIBLE_IDS, extract._BREAKING_IDS)
-    clock.lap("extract: walk (unlink/pad nodes)")
-    text = " ".join(body.text().split())
-    clock.lap("extract: text() + whitespace")
+    text = extract._native.visible_text(body.mem_id, extract._INVISIBLE_BITS,
+                                        extract._BREAKING_BITS)
+    clock.lap("extract: walk + text")
     return text
 
 
 def _tokenize_timed(visible: str, clock: Clock) -> Tokens:
-    """tokens.tokenize as one stage (its internals are numpy calls; split them with
-    line_profiler if needed rather than copying them here)."""
+    """tokens.tokenize as one stage (one kernel call, or numpy without the kernel)."""
     out = toks.tokenize(visible)
-    clock.lap("tokenize")
+    clock.lap("tokenize (fold, classify, hash)")
     return out
 
 
@@ -364,7 +360,7 @@ def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool)
         clock.lap(REST)
         return dd.check(page)
     if check_copy:
-        ref = toks.tokenize(extract.visible_text(html, boilerplate=s.boilerplate))
+        ref = toks.tokenize(extract.visible_text(html, boilerplate=s.boilerplate, collapse=False))
         if not (np.array_equal(ref.codepoints, tokens.codepoints)
                 and np.array_equal(ref.hashes, tokens.hashes)):
             raise SystemExit("bench/speed.py's copy of tokenize/visible_text no longer matches "

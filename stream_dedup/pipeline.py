@@ -22,6 +22,7 @@ another thread while a batch is decided.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import threading
 from collections import Counter, OrderedDict
@@ -37,7 +38,7 @@ import xxhash
 
 from .config import Settings
 from .core import ldsig
-from .core.canonical import canonicalize
+from .core.canonical import canonicalize, kernels
 from .core.sketch import Sketcher, resemblance
 from .core.tokens import Tokens
 from .errors import PageError
@@ -59,6 +60,7 @@ from .models import (
 )
 
 _U64_SPAN = float(1 << 64)
+log = logging.getLogger("stream_dedup")
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +133,10 @@ class Analyzer:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.sketcher = Sketcher(settings.params)
+        if kernels() != "compiled":
+            log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
+                        "was not built or not bound): same decisions, several times slower; "
+                        "reinstall with a C compiler present", kernels())
 
     def analyze(self, page: Page) -> Analysis:
         """All pure stages for one page (what a worker process runs)."""

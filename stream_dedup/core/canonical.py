@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import extract, tokens
 from .decode import decode_html
 from .extract import visible_text
 from .tokens import Tokens, tokenize
@@ -11,3 +12,12 @@ def canonicalize(body: bytes, content_type: str | None, *, boilerplate: bool) ->
     """Decode the charset, keep the visible text, normalize and tokenize it."""
     html = decode_html(body, content_type)
     return tokenize(visible_text(html, boilerplate=boilerplate, collapse=False))
+
+
+def kernels() -> str:
+    """Which code computes the pure stages: "compiled" (the C kernels, bound to this
+    selectolax), "numpy" (the extension was not built: same values, 3-5x slower) or
+    "compiled, Python tree walk" (this selectolax does not export what the walk needs)."""
+    if not tokens.HAVE_NATIVE:
+        return "numpy"
+    return "compiled" if extract.NATIVE_WALK else "compiled, Python tree walk"

@@ -34,7 +34,7 @@ from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, LexborNod
 try:
     from . import _native
 except ImportError:  # installed without a C compiler: selectolax's Python API does it
-    _native = None
+    _native = None  # type: ignore[assignment]
 
 __all__ = ["visible_text"]
 

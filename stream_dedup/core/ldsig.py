@@ -27,7 +27,7 @@ from .hashing import U64, mix64, odd_constants
 try:
     from . import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
-    _native = None
+    _native = None  # type: ignore[assignment]
 
 _SYMBOL_SHIFT = U64(40)
 

@@ -34,7 +34,7 @@ from .hashing import MASK64, U64, mix64, mix64_int, odd_constants
 try:
     from . import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
-    _native = None
+    _native = None  # type: ignore[assignment]
 
 FAMILIES = ("affine64", "mix64")
 _SHIFT32 = U64(32)

@@ -35,7 +35,8 @@ from .hashing import U64, mix64, odd_constants
 try:
     from . import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
-    _native = None
+    _native = None  # type: ignore[assignment]
+HAVE_NATIVE = _native is not None
 
 SEP, WORD, SOLO = 0, 1, 2
 _SOLO_RANGES = (
@@ -153,6 +154,7 @@ def tokenize(visible_text: str) -> Tokens:
     out = _native.tokenize(visible_text, char_classes(), _OFFSET_KEYS, fold, multi)
     if out is None:  # a character that needs NFKC over the whole string
         out = _native.tokenize(normalize(visible_text), char_classes(), _OFFSET_KEYS, None, multi)
+    assert out is not None, "without a fold table the kernel always tokenizes"
     canon, hashes = out
     return Tokens(np.frombuffer(canon, dtype=np.uint32), np.frombuffer(hashes, dtype=np.uint64))
 

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from .. import __version__
 from ..config import Settings
+from ..core.canonical import kernels
 from ..errors import PageError
 from ..metrics import Metrics
 from ..models import Page
@@ -180,6 +181,7 @@ async def _stats(request: web.Request) -> web.Response:
     s, metrics = state.settings, state.metrics
     body: dict[str, Any] = {
         "version": __version__,
+        "kernels": kernels(),
         "uptime_seconds": round(time.time() - state.started, 3),
         **await asyncio.to_thread(dedup.snapshot),
         "near_precision_estimate": metrics.precision_estimate(),

@@ -297,3 +297,28 @@ fragments = st.lists(
 def test_any_markup_never_raises(html: str, boilerplate: bool) -> None:
     text = visible_text(html, boilerplate=boilerplate)
     assert text == " ".join(text.split())
+
+
+# --- the nesting-depth guard: compiled scan vs the Python rule ----------------------------------
+_DEPTH_PIECES = ["<div>", "</div>", "<p>", "</p>", "<li>", "<span>", "</span>", "<", "</", "<1",
+                 "x", "é", "中", "<td>", "</DIV>", "<optgroup>", "<optgroups>", "<Col", "</col>",
+                 "<a-b", "<x_y>", "<<div>", "</ div>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_DEPTH_PIECES), max_size=120), st.sampled_from([0, 10, 40]))
+def test_depth_scan_in_c_agrees_with_the_python_rule(pieces: list[str], min_tags: int) -> None:
+    from stream_dedup.core import extract
+
+    if extract._native is None:
+        pytest.skip("compiled kernels not built")
+    html = "".join(pieces)
+    saved = extract._TAG_COUNT_CHECK, extract._MAX_DEPTH, extract._native
+    # small limits, so that short strings exercise both answers
+    extract._TAG_COUNT_CHECK, extract._MAX_DEPTH = min_tags, 6
+    try:
+        compiled = extract._too_deep(html)
+        extract._native = None
+        assert compiled == extract._too_deep(html), html
+    finally:
+        extract._TAG_COUNT_CHECK, extract._MAX_DEPTH, extract._native = saved

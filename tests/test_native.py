@@ -2,8 +2,9 @@
 
 Every kernel must give exactly the values of the code it replaces: the same canonical code
 points and token hashes as `tokenize_numpy`, the same shingles and min-hashes as
-`Sketcher.shingles_numpy`/`sketch_numpy`, the same LD signatures as `signature_numpy`, and
-the same visible text as the Python walk of `extract` (`extract.NATIVE_WALK = False`).
+`Sketcher.shingles_numpy`/`sketch_numpy`, the same LD signatures as `signature_numpy`, the
+same visible text as the Python walk of `extract` (`extract.NATIVE_WALK = False`), and the
+same verdict on pathological nesting as the regex loop of `extract._too_deep`.
 Nothing here hard-codes an output: each test computes both sides.
 
 All markup here is written for these tests; the corpus test reads ../shared/corpora in place.
@@ -31,6 +32,13 @@ BUILT = tokens._native is not None and extract.NATIVE_WALK
 # The comparisons below would compare the reference with itself without the kernel; they are
 # skipped then, and test_kernel_is_built_and_bound fails with the reason.
 needs_native = pytest.mark.skipif(not BUILT, reason="the C extension is not built or not bound")
+
+# When a property fails, hypothesis's pytest plugin imports libcst to suggest an @example patch,
+# and libcst's import raises this DeprecationWarning; with warnings as errors that would turn
+# the report of the falsifying example into an INTERNALERROR that ends the session.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
+)
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 WARCS = CORPORA / "warc"
@@ -73,8 +81,9 @@ _TOKEN_PIECES = [
     # compatibility characters: ellipsis, fi ligature, fullwidth A, one half, circled 1,
     # Kelvin and Ohm signs, Arabic ligature (18 characters in NFKC), Thai sara am
     *"\u2026\ufb01\uff21\u00bd\u2460\u212a\u2126\ufdfa\u0e33",
-    # Han, Hiragana (with a decomposable one), Katakana, half-width Katakana and sound mark
-    *"\u4e2d\u6587\u3042\u304c\u3099\u30a2\uff8a\uff9e",
+    # Han, Hiragana (with a decomposable one), Katakana, half-width Katakana and sound mark,
+    # and squared words whose NFKC is several Han characters
+    *"\u4e2d\u6587\u3042\u304c\u3099\u30a2\uff8a\uff9e\u337f\u32ff",
     # Thai, Hangul syllables, conjoining jamo (L, V, T), compatibility jamo
     *"\u0e20\u0e32\u0e29\u0e32\ud55c\uae00\uac00\u1100\u1161\u11a8\u3131\u314f",
     # Turkish dotted capital I and dotless i, Cyrillic, Arabic, Devanagari
@@ -112,6 +121,8 @@ token_texts = st.lists(st.sampled_from(_TOKEN_PIECES), max_size=120).map("".join
 @example("ends with a separator. ")
 @example("ends with a separator!")
 @example("\u4e2d\u6587 ")
+@example("\u4e2d\ufb01\u4e2d\u00bd \u3042\u2460x\u337fy \u337f\u337f.")
+@example("caf\u00e9 \u00bd\u00a0\u00aa\u00b2 ÿ")  # one byte per character
 @example("a" * 257 + " " + "b" * 1000 + "\u0301")
 @example("\ud800")
 def test_tokenize_matches_numpy_on_mixed_scripts(text: str) -> None:
@@ -426,15 +437,22 @@ _DEPTH_PIECES = [
 @given(
     html=st.lists(st.sampled_from(_DEPTH_PIECES), max_size=40).map("".join),
     limit=st.integers(0, 6),
+    gate=st.integers(0, 12),
 )
-def test_nesting_scan_matches_python(html: str, limit: int) -> None:
-    assert_same_depth_verdict(html, limit=limit, gate=0)
+@example(html="<div><", limit=0, gate=2)
+@example(html="\u4e2d<div><", limit=0, gate=2)
+def test_nesting_scan_matches_python(html: str, limit: int, gate: int) -> None:
+    # `gate`: the number of '<' (and of characters) below which the scan is not made
+    assert_same_depth_verdict(html, limit=limit, gate=gate)
 
 
 @needs_native
 @pytest.mark.parametrize(
     "html",
     [
+        "<div>" * 49_999 + "x" * 10,
+        "<div>" * 50_000,
+        "<div>" * 49_999 + "<",  # the last '<' is the 50000th
         "<div>" * 2_000 + "<br>" * 50_000,
         "<div>" * 2_001 + "<br>" * 50_000,
         "<DIV class=a>" * 2_001 + "</div>" * 2 + "<td>" * 50_000,

@@ -169,16 +169,14 @@ def _extract(html: str, boilerplate: bool, *, allow_noframes: bool) -> str:
         texts = (_extract(n.text(), boilerplate, allow_noframes=False) for n in noframes)
         return " ".join(texts)
     body = tree.body
-    if boilerplate:
-        _walk(body, _INVISIBLE_IDS, frozenset())
+    drop = _INVISIBLE_IDS
+    if boilerplate:  # furniture is judged on visible text: drop the invisible first
+        _walk(body, drop, frozenset())
         _strip_boilerplate(body)
-        if NATIVE_WALK:
-            return str(_native.visible_text(body.mem_id, _INVISIBLE_BITS, _BREAKING_BITS))
-        _walk(body, frozenset(), _BREAKING_IDS)
-    elif NATIVE_WALK:  # `tree` holds the document while the kernel reads it
-        return str(_native.visible_text(body.mem_id, _INVISIBLE_BITS, _BREAKING_BITS))
-    else:
-        _walk(body, _INVISIBLE_IDS, _BREAKING_IDS)
+        drop = frozenset()
+    if NATIVE_WALK:  # `tree` holds the document while the kernel reads it
+        return _native.visible_text(body.mem_id, _INVISIBLE_BITS, _BREAKING_BITS)
+    _walk(body, drop, _BREAKING_IDS)
     return body.text()
 
 

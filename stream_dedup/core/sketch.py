@@ -89,6 +89,7 @@ class Sketcher:
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
         self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
         self._feature_seed = params.stamp
+        self._family = FAMILIES.index(params.family)  # the kernel's family number
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -115,8 +116,7 @@ class Sketcher:
         if _native is None:
             return self.sketch_numpy(shingles)
         x = np.ascontiguousarray(shingles, dtype=np.uint64)
-        family = FAMILIES.index(self.params.family)
-        return np.frombuffer(_native.minhash(x, self._a, self._b, family), dtype=np.uint32)
+        return np.frombuffer(_native.minhash(x, self._a, self._b, self._family), dtype=np.uint32)
 
     def sketch_numpy(self, shingles: np.ndarray) -> np.ndarray:
         """`sketch` in numpy array operations (the reference definition)."""

@@ -28,7 +28,11 @@ from stream_dedup.core.sketch import FAMILIES, Params, Sketcher
 from stream_dedup.models import Page
 from stream_dedup.sources.files import iter_inputs
 
-BUILT = tokens._native is not None and extract.NATIVE_WALK
+try:
+    from stream_dedup.core import _native
+except ImportError:  # no C compiler at install time: the tests below say so or skip
+    _native = None  # type: ignore[assignment]
+BUILT = _native is not None and extract.NATIVE_WALK
 # The comparisons below would compare the reference with itself without the kernel; they are
 # skipped then, and test_kernel_is_built_and_bound fails with the reason.
 needs_native = pytest.mark.skipif(not BUILT, reason="the C extension is not built or not bound")
@@ -45,7 +49,7 @@ WARCS = CORPORA / "warc"
 
 
 def test_kernel_is_built_and_bound() -> None:
-    assert tokens._native is not None, (
+    assert _native is not None, (
         "the C extension stream_dedup/core/_native.c was not built (it needs a C compiler at "
         "install time: setup.py marks it optional, so pip skips it silently)"
     )
@@ -134,6 +138,63 @@ def test_tokenize_matches_numpy_on_mixed_scripts(text: str) -> None:
 @given(st.text())
 def test_tokenize_matches_numpy_on_any_text(text: str) -> None:
     assert_same_tokens(text)
+
+
+# Mostly-ASCII text long enough for the kernel's block path (64 code points at a time): words
+# of every length across block edges (1..20, and past the 256 per-offset constants), separator
+# runs, and now and then a non-ASCII piece that sends its block through the scalar loop.
+_ASCII_WORDS = st.one_of(
+    st.text(string.ascii_letters + string.digits, min_size=1, max_size=20),
+    st.integers(250, 270).map(lambda n: "Ab9" * (n // 3)),
+)
+_ASCII_SEPS = st.text(string.punctuation + " \t\n", min_size=1, max_size=9)
+_RARE = st.sampled_from(_TOKEN_PIECES[62:])
+ascii_heavy = st.lists(
+    st.one_of(_ASCII_WORDS, _ASCII_WORDS, _ASCII_SEPS, _ASCII_SEPS, _RARE), min_size=20,
+    max_size=200,
+).map("".join)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(ascii_heavy, st.sampled_from(["", "\u0101", "\U0001f600"]))
+@example("hello world " * 20, "")
+@example("x" * 64 + " " + "y" * 63 + ".. " * 30, "")
+@example(" " * 64 + "w" * 64 + " " * 64 + "z" * 100, "\u0101")
+def test_tokenize_block_path_matches_numpy(text: str, wide: str) -> None:
+    """`wide` at the end makes the string 1-, 2- or 4-byte per code point. Both builds of
+    the block path (AVX-512 where the CPU has it, and the portable one) are checked."""
+    for path in _BLOCK_PATHS:
+        _native.block_path(path)
+        try:
+            assert_same_tokens(text + wide)
+            assert_same_tokens(wide + text)
+        finally:
+            _native.block_path(_DEFAULT_PATH)
+
+
+def _block_paths() -> tuple[str, ...]:
+    if _native is None:
+        return ()
+    default = _native.block_path()
+    try:
+        _native.block_path("avx512")
+        return ("generic", "avx512")
+    except ValueError:
+        return ("generic",)
+    finally:
+        _native.block_path(default)
+
+
+_DEFAULT_PATH = _native.block_path() if _native is not None else ""
+_BLOCK_PATHS = _block_paths()
+
+
+@needs_native
+def test_block_path_is_the_fastest_the_cpu_has() -> None:
+    assert _DEFAULT_PATH == _BLOCK_PATHS[-1]
+    with pytest.raises(ValueError, match="no block path"):
+        _native.block_path("sse9")
 
 
 # --- shingles and sketches ----------------------------------------------------------------------

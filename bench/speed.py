@@ -71,7 +71,12 @@ from stream_dedup.core.tokens import Tokens  # noqa: E402
 from stream_dedup.index.base import CANONICAL, RAW, StoredDoc  # noqa: E402
 from stream_dedup.index.memory import MemoryIndex, SortedRunMultimap  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
-from stream_dedup.pipeline import Analysis, Deduplicator, raw_fingerprint  # noqa: E402
+from stream_dedup.pipeline import (  # noqa: E402
+    Analysis,
+    Deduplicator,
+    canonical_fingerprint,
+    raw_fingerprint,
+)
 
 SECTIONS = ("speed", "profile", "scaling", "memory")
 
@@ -367,7 +372,7 @@ def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool)
                              "stream_dedup.core: update _tokenize_timed/_visible_text_timed")
         clock.t = time.perf_counter()
     a = Analysis(
-        page, raw_fp, xxhash.xxh3_64_intdigest(tokens.codepoints.tobytes()),
+        page, raw_fp, canonical_fingerprint(tokens),
         text_length=int(tokens.codepoints.shape[0]),
         shingle_count=max(0, len(tokens) - s.shingle_words + 1),
     )

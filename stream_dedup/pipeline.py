@@ -127,6 +127,11 @@ def raw_fingerprint(body: bytes) -> int:
     return xxhash.xxh3_64_intdigest(body)
 
 
+def canonical_fingerprint(tokens: Tokens) -> int:
+    """xxh3 of the canonical text's UTF-32 code units (read in place, not copied)."""
+    return xxhash.xxh3_64_intdigest(tokens.codepoints.data)
+
+
 class Analyzer:
     """The pure part: bytes to fingerprints, sketch and features. No index, no I/O."""
 
@@ -163,7 +168,7 @@ class Analyzer:
         a = Analysis(
             page,
             raw_fp,
-            xxhash.xxh3_64_intdigest(tokens.codepoints.tobytes()),
+            canonical_fingerprint(tokens),
             text_length=int(tokens.codepoints.shape[0]),
             shingle_count=max(0, len(tokens) - self.settings.shingle_words + 1),
             canonical_s=perf_counter() - started,

@@ -829,15 +829,43 @@ static PyObject *minhash(PyObject *self, PyObject *args) {
 /* --- Coates' signature ----------------------------------------------------------------------- */
 #define LD_BLOCK 1024
 
+/* The mixed window hashes of m windows. The default window of 4 code points is one fused
+ * loop (its multipliers in registers, no pass over the block per position). */
 MULTIVERSION
 static void window_hashes(const uint32_t *cp, Py_ssize_t m, const uint64_t *mult, Py_ssize_t n,
                           uint64_t *out) {
+    if (n == 4) {
+        uint64_t m0 = mult[0], m1 = mult[1], m2 = mult[2], m3 = mult[3];
+        for (Py_ssize_t i = 0; i < m; i++)
+            out[i] = mix64((uint64_t)cp[i] * m0 + (uint64_t)cp[i + 1] * m1 +
+                           (uint64_t)cp[i + 2] * m2 + (uint64_t)cp[i + 3] * m3);
+        return;
+    }
     for (Py_ssize_t i = 0; i < m; i++) out[i] = (uint64_t)cp[i] * mult[0];
     for (Py_ssize_t j = 1; j < n; j++) {
         uint64_t mj = mult[j];
         for (Py_ssize_t i = 0; i < m; i++) out[i] += (uint64_t)cp[i + j] * mj;
     }
     for (Py_ssize_t i = 0; i < m; i++) out[i] = mix64(out[i]);
+}
+
+/* The symbols of the windows whose hash is 0 mod c, appended at `out` (room for m): written
+ * for every window, kept only where chosen, so no branch mispredicts on the 1-in-c choice.
+ * Returns how many were kept. */
+static Py_ssize_t ld_select(const uint64_t *hs, Py_ssize_t m, uint64_t c, char *out) {
+    Py_ssize_t k = 0;
+    if ((c & (c - 1)) == 0) {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            out[k] = (char)(hs[i] >> 40);
+            k += (hs[i] & (c - 1)) == 0;
+        }
+    } else {
+        for (Py_ssize_t i = 0; i < m; i++) {
+            out[k] = (char)(hs[i] >> 40);
+            k += hs[i] % c == 0;
+        }
+    }
+    return k;
 }
 
 /* ld_signature(codepoints uint32 bytes, c, mult uint64[n]) -> bytes */
@@ -855,7 +883,6 @@ static PyObject *ld_signature(PyObject *self, PyObject *args) {
     }
     const uint32_t *cp = cps.buf;
     uint64_t hs[LD_BLOCK];
-    int pow2 = (c & (c - 1)) == 0;
     for (Py_ssize_t lo = 0; lo < total; lo += LD_BLOCK) {
         Py_ssize_t m = total - lo < LD_BLOCK ? total - lo : LD_BLOCK;
         window_hashes(cp + lo, m, mult.buf, n, hs);
@@ -863,10 +890,7 @@ static PyObject *ld_signature(PyObject *self, PyObject *args) {
             PyErr_NoMemory();
             goto done;
         }
-        for (Py_ssize_t i = 0; i < m; i++) {
-            uint64_t h = hs[i];
-            if (pow2 ? (h & (c - 1)) == 0 : h % c == 0) out.data[out.len++] = (char)(h >> 40);
-        }
+        out.len += (size_t)ld_select(hs, m, c, out.data + out.len);
     }
     result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
 done:

@@ -233,13 +233,32 @@ static inline int tag_char(Py_UCS4 c) {
         while (I < n && d[I] != '<') I++;                                                    \
     }
 
+/* How many '<' in d[0..n) (wide strings: a loop the compiler vectorizes; memchr is for bytes). */
+#define COUNT_LT(NAME, TYPE)                                                                 \
+    MULTIVERSION static Py_ssize_t NAME(const TYPE *d, Py_ssize_t n) {                       \
+        Py_ssize_t c = 0;                                                                    \
+        for (Py_ssize_t i = 0; i < n; i++) c += d[i] == '<';                                 \
+        return c;                                                                            \
+    }
+COUNT_LT(count_lt2, Py_UCS2)
+COUNT_LT(count_lt4, Py_UCS4)
+#define COUNT_CHUNK 8192
+
 #define DEPTH_LOOP(TYPE)                                                                     \
     {                                                                                        \
         const TYPE *d = data;                                                                \
         Py_ssize_t tags = 0;                                                                 \
-        for (Py_ssize_t i = 0; i < n && tags < min_tags; i++, tags++) {                      \
-            NEXT_LT(TYPE, i)                                                                 \
-            if (i >= n) break;                                                               \
+        if (sizeof(TYPE) == 1) {                                                             \
+            for (Py_ssize_t i = 0; i < n && tags < min_tags; i++, tags++) {                  \
+                NEXT_LT(TYPE, i)                                                             \
+                if (i >= n) break;                                                           \
+            }                                                                                \
+        } else {                                                                             \
+            for (Py_ssize_t i = 0; i < n && tags < min_tags; i += COUNT_CHUNK) {             \
+                Py_ssize_t m = n - i < COUNT_CHUNK ? n - i : COUNT_CHUNK;                    \
+                tags += sizeof(TYPE) == 2 ? count_lt2((const Py_UCS2 *)d + i, m)             \
+                                          : count_lt4((const Py_UCS4 *)d + i, m);            \
+            }                                                                                \
         }                                                                                    \
         if (tags < min_tags) Py_RETURN_FALSE;                                                \
         for (Py_ssize_t i = 0; i < n; i++) {                                                 \

@@ -148,10 +148,12 @@ class Analyzer:
         a, tokens = self.canonical(page)
         return a if tokens is None else self.finish(a, tokens)
 
-    def canonical(self, page: Page) -> tuple[Analysis, Tokens | None]:
-        """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
+    def canonical(self, page: Page, raw_fp: int | None = None) -> tuple[Analysis, Tokens | None]:
+        """Fingerprints and canonical tokens; tokens is None when the page is rejected.
+        `raw_fp`: the body's raw fingerprint, if the caller has it already."""
         started = perf_counter()
-        raw_fp = raw_fingerprint(page.body)
+        if raw_fp is None:
+            raw_fp = raw_fingerprint(page.body)
         limit = self.settings.max_page_bytes
         if len(page.body) > limit:
             err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")
@@ -182,8 +184,10 @@ class Analyzer:
         started = perf_counter()
         sk = self.sketcher.sketch(self.sketcher.shingles(tokens.hashes))
         sig = ldsig.signature(tokens.codepoints, self.settings.ld_c, self.settings.ld_n)
-        return replace(a, sketch=sk, features=self.sketcher.features(sk), ld_signature=sig,
-                       sketch_s=perf_counter() - started)
+        # Built directly: dataclasses.replace costs several µs a page.
+        return Analysis(a.page, a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, sk,
+                        self.sketcher.features(sk), sig, None, a.canonical_s,
+                        perf_counter() - started)
 
 
 _WORKER: Analyzer | None = None
@@ -256,14 +260,20 @@ class Deduplicator:
             if again is not None:
                 return again
             started = perf_counter()
-            first = self.index.first_with(RAW, raw_fingerprint(page.body))
+            raw_fp = raw_fingerprint(page.body)
+            first = self.index.first_with(RAW, raw_fp)
             if first is not None:
                 times = StageTimes(index_s=perf_counter() - started)
                 return self._record(self._dup(page, EXACT, first), len(page.body), times)
-            a, tokens = self.analyzer.canonical(page)
-            if tokens is not None and not self._canonical_match(a):
-                a = self.analyzer.finish(a, tokens)
-            return self.decide(a)
+            a, tokens = self.analyzer.canonical(page, raw_fp)
+            if tokens is None:
+                return self.decide(a)
+            first = self._canonical_match(a)
+            if first is not None:
+                times = StageTimes(a.canonical_s, index_s=perf_counter() - started - a.canonical_s)
+                return self._record(self._dup(page, R_CANONICAL, first), len(page.body), times)
+            # Neither exact layer matched (and the lock kept the index as it was).
+            return self._decide_and_record(self.analyzer.finish(a, tokens), exact_checked=True)
 
     def would_decide(self, page: Page) -> Decision:
         """The decision `check` would give `page` now, without inserting, counting or
@@ -367,23 +377,30 @@ class Deduplicator:
         if a.error is not None:
             rejected = Rejected(page.url, a.error.kind, a.error.message, page.source)
             return self._reject(rejected, len(page.body), StageTimes(canonical_s=a.canonical_s))
+        return self._decide_and_record(a)
+
+    def _decide_and_record(self, a: Analysis, *, exact_checked: bool = False) -> Decision:
         with self.lock:
             started = perf_counter()
-            d, verify_s = self._decide(a, insert=True)
+            d, verify_s = self._decide(a, insert=True, exact_checked=exact_checked)
             index_s = perf_counter() - started - verify_s
             times = StageTimes(a.canonical_s, a.sketch_s, index_s, verify_s)
-            return self._record(d, len(page.body), times)
+            return self._record(d, len(a.page.body), times)
 
-    def _decide(self, a: Analysis, *, insert: bool) -> tuple[Decision, float]:
+    def _decide(
+        self, a: Analysis, *, insert: bool, exact_checked: bool = False
+    ) -> tuple[Decision, float]:
         """The decision for an analysed page, and the seconds verification took. Changes
-        nothing but the index (a kept page is inserted when `insert`)."""
+        nothing but the index (a kept page is inserted when `insert`). `exact_checked`:
+        the caller, holding the lock, has just found neither exact layer to match."""
         page, s = a.page, self.settings
-        first = self.index.first_with(RAW, a.raw_fp)
-        if first is not None:
-            return self._dup(page, EXACT, first), 0.0
-        first = self._canonical_match(a)
-        if first is not None:
-            return self._dup(page, R_CANONICAL, first), 0.0
+        if not exact_checked:
+            first = self.index.first_with(RAW, a.raw_fp)
+            if first is not None:
+                return self._dup(page, EXACT, first), 0.0
+            first = self._canonical_match(a)
+            if first is not None:
+                return self._dup(page, R_CANONICAL, first), 0.0
         if a.shingle_count < s.min_shingles:
             return self._keep(a, UNIQUE, insert, short=True), 0.0
         if a.sketch is None:  # analysis stopped early (e.g. check() after a cheap pass)

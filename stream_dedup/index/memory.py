@@ -79,8 +79,17 @@ class SortedRunMultimap:
         return np.concatenate(parts)
 
     def values(self, key: int) -> list[int]:
-        """The stored values of one key, ascending (older runs hold older ids)."""
-        return sorted(self.get_many(np.array([key], dtype=np.uint64)).tolist())
+        """The stored values of one key, ascending (older runs hold older ids). One
+        search per run and a dict lookup: no arrays built for a single key."""
+        key &= _KEY_MASK
+        out: list[int] = []
+        for run_keys, run_vals in self._runs:
+            lo = int(run_keys.searchsorted(key))
+            if lo < run_keys.shape[0] and run_keys[lo] == key:
+                hi = int(run_keys.searchsorted(key, side="right"))
+                out += run_vals[max(lo, hi - self.cap) : hi].tolist()
+        out += self._mem.get(key, ())
+        return sorted(out)
 
     def flush(self) -> None:
         if not self._mem:

@@ -507,8 +507,9 @@ typedef struct {
     }
 
 #define CP_AT(AT)                                                                            \
-    (kind == PyUnicode_1BYTE_KIND ? (uint32_t)((const Py_UCS1 *)data)[AT]                    \
-                                  : (uint32_t)((const Py_UCS2 *)data)[AT])
+    (kind == PyUnicode_1BYTE_KIND   ? (uint32_t)((const Py_UCS1 *)data)[AT]                  \
+     : kind == PyUnicode_2BYTE_KIND ? (uint32_t)((const Py_UCS2 *)data)[AT]                  \
+                                    : (uint32_t)((const Py_UCS4 *)data)[AT])
 
 /* The fast path over blocks [i, ...) for as long as they are all ASCII: returns where it
  * stopped (a block with a non-ASCII code point, or too few left: CHUNK and STORE8 read up
@@ -553,13 +554,23 @@ static inline int ascii_block(const void *data, int kind, Py_ssize_t i, uint64_t
         if (kind == PyUnicode_1BYTE_KIND) {
             v = _mm_loadu_si128((const __m128i *)((const Py_UCS1 *)data + i + q));
             if (_mm_movemask_epi8(v)) return 0;
-        } else {
+        } else if (kind == PyUnicode_2BYTE_KIND) {
             const Py_UCS2 *d = (const Py_UCS2 *)data + i + q;
             __m128i a = _mm_loadu_si128((const __m128i *)d);
             __m128i b = _mm_loadu_si128((const __m128i *)(d + 8));
             __m128i high = _mm_and_si128(_mm_or_si128(a, b), _mm_set1_epi16((short)0xFF80));
             if (_mm_movemask_epi8(_mm_cmpeq_epi16(high, _mm_setzero_si128())) != 0xFFFF) return 0;
             v = _mm_packus_epi16(a, b);
+        } else {
+            const Py_UCS4 *d = (const Py_UCS4 *)data + i + q;
+            __m128i a = _mm_loadu_si128((const __m128i *)d);
+            __m128i b = _mm_loadu_si128((const __m128i *)(d + 4));
+            __m128i c = _mm_loadu_si128((const __m128i *)(d + 8));
+            __m128i e = _mm_loadu_si128((const __m128i *)(d + 12));
+            __m128i any = _mm_or_si128(_mm_or_si128(a, b), _mm_or_si128(c, e));
+            __m128i high = _mm_and_si128(any, _mm_set1_epi32((int)0xFFFFFF80));
+            if (_mm_movemask_epi8(_mm_cmpeq_epi32(high, _mm_setzero_si128())) != 0xFFFF) return 0;
+            v = _mm_packus_epi16(_mm_packs_epi32(a, b), _mm_packs_epi32(c, e));
         }
         __m128i w = _mm_or_si128(in_range(_mm_or_si128(v, _mm_set1_epi8(32)), 'a', 'z'),
                                  in_range(v, '0', '9'));
@@ -596,13 +607,23 @@ AVX512 static inline int ascii_block512(const void *data, int kind, Py_ssize_t i
     if (kind == PyUnicode_1BYTE_KIND) {
         v = _mm512_loadu_si512((const Py_UCS1 *)data + i);
         if (_mm512_movepi8_mask(v)) return 0;
-    } else {
+    } else if (kind == PyUnicode_2BYTE_KIND) {
         const Py_UCS2 *d = (const Py_UCS2 *)data + i;
         __m512i a = _mm512_loadu_si512(d), b = _mm512_loadu_si512(d + 32);
         __m512i big = _mm512_set1_epi16(127);
         if (_mm512_cmpgt_epu16_mask(a, big) | _mm512_cmpgt_epu16_mask(b, big)) return 0;
         v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(a)),
                                _mm512_cvtepi16_epi8(b), 1);
+    } else {
+        const Py_UCS4 *d = (const Py_UCS4 *)data + i;
+        __m512i big = _mm512_set1_epi32(127);
+        v = _mm512_setzero_si512();
+        for (int q = 0; q < 4; q++) {
+            __m512i part = _mm512_loadu_si512(d + 16 * q);
+            if (_mm512_cmpgt_epu32_mask(part, big)) return 0;
+            v = _mm512_mask_blend_epi64((__mmask8)(3u << (2 * q)), v,
+                                        _mm512_broadcast_i32x4(_mm512_cvtepi32_epi8(part)));
+        }
     }
     __m512i low = _mm512_or_si512(v, _mm512_set1_epi8(32));
     *word = _mm512_cmplt_epu8_mask(_mm512_sub_epi8(low, _mm512_set1_epi8('a')),
@@ -616,7 +637,9 @@ AVX512 static inline int ascii_block512(const void *data, int kind, Py_ssize_t i
 #define LANES64(AT)                                                                          \
     (kind == PyUnicode_1BYTE_KIND                                                            \
          ? _mm512_cvtepu8_epi64(_mm_loadl_epi64((const __m128i *)((const Py_UCS1 *)data + (AT)))) \
-         : _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)((const Py_UCS2 *)data + (AT)))))
+     : kind == PyUnicode_2BYTE_KIND                                                          \
+         ? _mm512_cvtepu16_epi64(_mm_loadu_si128((const __m128i *)((const Py_UCS2 *)data + (AT)))) \
+         : _mm512_cvtepu32_epi64(_mm256_loadu_si256((const __m256i *)((const Py_UCS4 *)data + (AT)))))
 #define CHUNK_512(AT, K, M)                                                                  \
     {                                                                                        \
         __m512i c_ = _mm512_add_epi64(_mm512_or_si512(LANES64(AT), _mm512_set1_epi64(32)),   \
@@ -674,7 +697,7 @@ static int tok_run(Tok *t, const void *data, int kind, Py_ssize_t n, const uint3
     int prev = SEP;
     uint64_t sum = 0;
     unsigned offset = 0;
-    int fast = fmap != NULL && kind != PyUnicode_4BYTE_KIND && ascii_rule_holds(cls, fmap);
+    int fast = fmap != NULL && ascii_rule_holds(cls, fmap);
     while (i < n) {
         Py_ssize_t lim = n;
         if (fast && n - i >= BLOCK) {

@@ -37,13 +37,6 @@ BUILT = _native is not None and extract.NATIVE_WALK
 # skipped then, and test_kernel_is_built_and_bound fails with the reason.
 needs_native = pytest.mark.skipif(not BUILT, reason="the C extension is not built or not bound")
 
-# When a property fails, hypothesis's pytest plugin imports libcst to suggest an @example patch,
-# and libcst's import raises this DeprecationWarning; with warnings as errors that would turn
-# the report of the falsifying example into an INTERNALERROR that ends the session.
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:mypy_extensions.TypedDict is deprecated:DeprecationWarning"
-)
-
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 WARCS = CORPORA / "warc"
 

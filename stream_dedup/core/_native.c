@@ -4,6 +4,7 @@
  *
  *   visible_text(body, drop, brk)  walk of a lexbor tree parsed by selectolax
  *   tokenize(text, classes, keys)  canonical code points and one hash per token
+ *   block_path(name=None)          which build of the tokenizer's ASCII block path runs
  *   shingles(hashes, mult)         w-token window fingerprints
  *   minhash(shingles, a, b, fam)   k*s minima, top 32 bits
  *   ld_signature(cps, c, mult)     Coates' signature bytes
@@ -365,7 +366,8 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
  * and runs of separators go through tight loops; SOLO characters and multi-character mappings
  * go through TOK_FEED one by one. The room made up front is one output per input (plus
  * SLACK); a multi-character mapping makes room for its extra outputs. The state (prev, sum,
- * offset, nc, nt) lives in tok_run's locals, so a token may continue across calls. */
+ * offset, nc, nt) lives in tok_run's locals, so a token may run on from the block path into
+ * this loop and back. */
 #define TOK_FOLD(CP, ON_SPECIAL)                                                             \
     if (fmap != NULL) {                                                                      \
         uint32_t f_ = fmap[CP];                                                              \

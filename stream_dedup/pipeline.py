@@ -465,26 +465,29 @@ class Deduplicator:
         min_resemblance: float | None = None,
     ) -> tuple[Decision | None, tuple[float, float]]:
         """The confirmed near-duplicate decision (or None), and the first candidate's
-        (resemblance, estimated LD)."""
+        (resemblance, estimated LD) for a NEAR verification (what `verified-distinct`
+        reports). A candidate below the resemblance bar fails whatever its distance, so its
+        LD estimate (the costly part on long pages) is skipped unless it is reported."""
         s = self.settings
         assert a.sketch is not None
         bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
-        best_seen: tuple[float, float] | None = None
+        first_seen: tuple[float, float] | None = None
         for page_id, shared in found[: s.verify_max_candidates]:
             doc = self.index.doc(page_id)
             res = resemblance(a.sketch, doc.sketch)
+            if res < bar and (first_seen is not None or reason != NEAR):
+                continue
             ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
             ratio = ldsig.ratio(ld, a.text_length, doc.text_length)
-            if best_seen is None:
-                best_seen = (res, float(ld))
+            if first_seen is None:
+                first_seen = (res, float(ld))
             if res >= bar and ratio <= s.verify_max_ld_ratio:
                 return Decision(
                     a.page.url, "drop", reason, duplicate_of=DuplicateOf(page_id, doc.url),
                     shared_features=shared, resemblance=res, ld_estimate=float(ld),
                     verified=True, source=a.page.source,
                 ), (res, float(ld))
-        assert best_seen is not None
-        return None, best_seen
+        return None, first_seen or (0.0, 0.0)  # (0, 0) only for NEAR_VERIFIED: not reported
 
     def _keep(
         self, a: Analysis, reason: str, insert: bool, *, short: bool = False, shared: int = 0,

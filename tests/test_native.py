@@ -135,12 +135,13 @@ def test_tokenize_matches_numpy_on_any_text(text: str) -> None:
 
 # Mostly-ASCII text long enough for the kernel's block path (64 code points at a time): words
 # of every length across block edges (1..20, and past the 256 per-offset constants), separator
-# runs, and now and then a non-ASCII piece that sends its block through the scalar loop.
+# runs (with the no-break space, which the block path takes too), and now and then a non-ASCII
+# piece that sends its block through the scalar loop.
 _ASCII_WORDS = st.one_of(
     st.text(string.ascii_letters + string.digits, min_size=1, max_size=20),
     st.integers(250, 270).map(lambda n: "Ab9" * (n // 3)),
 )
-_ASCII_SEPS = st.text(string.punctuation + " \t\n", min_size=1, max_size=9)
+_ASCII_SEPS = st.text(string.punctuation + " \t\n\u00a0", min_size=1, max_size=9)
 _RARE = st.sampled_from(_TOKEN_PIECES[62:])
 ascii_heavy = st.lists(
     st.one_of(_ASCII_WORDS, _ASCII_WORDS, _ASCII_SEPS, _ASCII_SEPS, _RARE), min_size=20,

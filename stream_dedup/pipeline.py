@@ -477,9 +477,12 @@ class Deduplicator:
             res = resemblance(a.sketch, doc.sketch)
             if res < bar and (first_seen is not None or reason != NEAR):
                 continue
-            ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
+            limit = s.verify_max_ld_ratio * max(a.text_length, doc.text_length)
+            ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c, limit)
             ratio = ldsig.ratio(ld, a.text_length, doc.text_length)
             if first_seen is None:
+                if ld > limit and reason == NEAR:  # fails; its exact estimate is reported
+                    ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
                 first_seen = (res, float(ld))
             if res >= bar and ratio <= s.verify_max_ld_ratio:
                 return Decision(

@@ -71,3 +71,24 @@ def test_unrelated_texts_are_far_apart() -> None:
 def test_short_texts_have_empty_signatures() -> None:
     assert _sig("tiny")[0] == b""
     assert ldsig.ratio(0, 0, 0) == 0.0
+
+
+def test_a_limit_keeps_every_estimate_at_or_below_it_exact() -> None:
+    rng = random.Random(5)
+    base = _text(rng, 3000)
+    sig_base, length = _sig(base)
+    seen_above = False
+    for edits in (0, 10, 100, 400, 1500):
+        words = base.split()
+        for _ in range(edits):
+            words[rng.randrange(len(words))] = rng.choice(WORDS)
+        sig, _ = _sig(" ".join(words))
+        exact = ldsig.estimate(sig_base, sig, 32)
+        for limit in (0.0, 0.05 * length, 0.2 * length, exact, exact - 1, exact + 31):
+            bounded = ldsig.estimate(sig_base, sig, 32, limit)
+            if exact <= limit:
+                assert bounded == exact, (edits, limit)
+            else:
+                assert bounded > limit, (edits, limit)
+                seen_above = True
+    assert seen_above

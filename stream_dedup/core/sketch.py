@@ -90,6 +90,7 @@ class Sketcher:
         self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
         self._feature_seed = params.stamp
         self._family = FAMILIES.index(params.family)  # the kernel's family number
+        self._group_ids = [g.to_bytes(2, "little") for g in range(params.groups)]
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -138,12 +139,12 @@ class Sketcher:
     # --- features -----------------------------------------------------------------
     def features(self, sketch: np.ndarray) -> np.ndarray:
         """k 64-bit features: xxh3 of (group id, the group's s min-hashes)."""
-        s = self.params.group_size
-        out = np.empty(self.params.groups, dtype=np.uint64)
-        for g in range(self.params.groups):
-            data = g.to_bytes(2, "little") + sketch[g * s : (g + 1) * s].tobytes()
-            out[g] = xxhash.xxh3_64_intdigest(data, seed=self._feature_seed)
-        return out
+        raw, step, seed = sketch.tobytes(), 4 * self.params.group_size, self._feature_seed
+        return np.array(
+            [xxhash.xxh3_64_intdigest(gid + raw[g * step : (g + 1) * step], seed=seed)
+             for g, gid in enumerate(self._group_ids)],
+            dtype=np.uint64,
+        )
 
     # --- plain reference (tests) ---------------------------------------------------
     @cached_property

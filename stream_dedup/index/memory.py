@@ -17,7 +17,7 @@ page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,16 +49,22 @@ class SortedRunMultimap:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, key: int, value: int) -> None:
-        bucket = self._mem.setdefault(key & _KEY_MASK, [])
-        if self.keep == "first" and len(bucket) >= self.cap:
-            return
-        bucket.append(value)
-        if self.keep == "last" and len(bucket) > self.cap:
-            del bucket[0]
-        else:
-            self._mem_entries += 1
-        if self._mem_entries >= _MEMTABLE_MAX:
-            self.flush()
+        self.add_many((key,), value)
+
+    def add_many(self, keys: Iterable[int], value: int) -> None:
+        """`value` under each key (one call for all of a page's features)."""
+        mem, cap, first = self._mem, self.cap, self.keep == "first"
+        for key in keys:
+            bucket = mem.setdefault(key & _KEY_MASK, [])
+            if first and len(bucket) >= cap:
+                continue
+            bucket.append(value)
+            if not first and len(bucket) > cap:
+                del bucket[0]
+            else:
+                self._mem_entries += 1
+            if self._mem_entries >= _MEMTABLE_MAX:
+                self.flush()
 
     def get_many(self, keys: np.ndarray) -> np.ndarray:
         """All stored values of all keys (concatenated; a value may repeat across keys)."""
@@ -172,8 +178,7 @@ class MemoryIndex:
         self._docs.append(doc)
         self._doc_bytes += (doc.sketch.nbytes + doc.features.nbytes + len(doc.ld_signature)
                             + len(doc.url))
-        for feature in doc.features.tolist():
-            self._features.add(feature, page_id)
+        self._features.add_many(doc.features.tolist(), page_id)
         self._exact[RAW].add(doc.raw_fp, page_id)
         if doc.text_length > 0:
             self._exact[CANONICAL].add(doc.canonical_fp, page_id)

@@ -46,8 +46,8 @@ class Settings:
     # ... with a stricter bar: the 84-hash estimate has a standard error of ~0.04, and on
     # the httpbis drafts 0.80 let 8 of 53 such drops with J8 0.775-0.8 through, 0.85 let 1 of 40.
     near_verified_min_resemblance: float = 0.85
-    ld_c: int = 32
-    ld_n: int = 4
+    ld_c: int = 32  # Coates' signature: one symbol per ~c characters (stamped into the index)
+    ld_n: int = 4  # ... over windows of n characters (stamped into the index)
     # --- the Kafka service (`serve`) ---
     bootstrap_servers: str = "127.0.0.1:9092"
     input_topic: str = "pages"
@@ -83,6 +83,8 @@ class Settings:
             seed=self.seed,
             family=self.hash_family,
             boilerplate=self.boilerplate,
+            ld_c=self.ld_c,
+            ld_n=self.ld_n,
         )
         object.__setattr__(self, "params", params)
         if not 1 <= self.threshold <= self.groups:
@@ -95,8 +97,6 @@ class Settings:
             raise ConfigError("near_verified_min_resemblance must be in [0, 1]")
         if not 0.0 <= self.verify_max_ld_ratio <= 1.0:
             raise ConfigError("verify_max_ld_ratio must be in [0, 1]")
-        if self.ld_c < 2 or self.ld_n < 1:
-            raise ConfigError("ld_c must be >= 2 and ld_n >= 1")
         if self.min_shingles < 1:
             raise ConfigError("min_shingles must be >= 1")
         if self.max_posting < 1 or self.verify_max_candidates < 1:

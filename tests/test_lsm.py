@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from stream_dedup import Settings
+from stream_dedup.core.sketch import Params
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
 from stream_dedup.index.lsm import LsmIndex
+from stream_dedup.pipeline import Deduplicator
 
 
 def _doc(i: int, fetched_at: str | None = None) -> StoredDoc:
@@ -106,3 +110,15 @@ def test_export_and_warm_a_memory_index(tmp_path: Path) -> None:
     assert warm.candidates(np.array([2, 10_002], dtype=np.uint64), 2) == [(2, 2)]
     assert copy.stats()["pages"] == 4
     copy.close()
+
+
+def test_other_ld_signature_parameters_are_refused(tmp_path: Path) -> None:
+    """Stored LD signatures are compared with new ones: another (c, n) must not open the
+    index silently. The defaults keep the stamp they had before (c, n) joined it."""
+    assert Settings().params.stamp == Params().stamp
+    assert "ld=" not in Params().describe()
+    default = Settings(index="lsm", index_path=str(tmp_path / "i"))
+    Deduplicator(default).close()
+    with pytest.raises(IndexMismatchError, match="other sketch parameters"):
+        Deduplicator(replace(default, ld_c=64))
+    Deduplicator(default).close()

@@ -43,8 +43,9 @@ _BLOCK = 4096  # shingles per block: keeps the (k*s, block) temporaries in cache
 
 @dataclass(frozen=True, slots=True)
 class Params:
-    """Everything that changes what a feature means. Pages sketched under different
-    Params are never compared: `stamp` goes into every feature hash and into the index."""
+    """Everything that changes what a stored feature or LD signature means. Pages sketched
+    under different Params are never compared: `stamp` goes into every feature hash and into
+    the index."""
 
     shingle_words: int = 8
     groups: int = 6
@@ -53,6 +54,9 @@ class Params:
     family: str = "affine64"
     boilerplate: bool = False
     canon_version: int = 2  # 2: multilinear token hash
+    # Coates' signature (c, n): verification compares a page's signature with the stored ones
+    ld_c: int = 32
+    ld_n: int = 4
 
     def __post_init__(self) -> None:
         if not 1 <= self.shingle_words <= 64:
@@ -63,15 +67,21 @@ class Params:
             raise ConfigError("k*s above 4096 min-hashes is not supported")
         if self.family not in FAMILIES:
             raise ConfigError(f"hash family must be one of {FAMILIES}, got {self.family!r}")
+        if self.ld_c < 2 or self.ld_n < 1:
+            raise ConfigError("ld_c must be >= 2 and ld_n >= 1")
 
     @property
     def num_perm(self) -> int:
         return self.groups * self.group_size
 
     def describe(self) -> str:
+        # The LD parameters joined later; at their defaults they are left out, so that the
+        # stamps (and the indexes) of the settings that existed before them stay valid.
+        ld = "" if (self.ld_c, self.ld_n) == (32, 4) else f",ld={self.ld_c}/{self.ld_n}"
         return (
             f"w={self.shingle_words},k={self.groups},s={self.group_size},seed={self.seed},"
             f"family={self.family},boilerplate={int(self.boilerplate)},canon={self.canon_version}"
+            + ld
         )
 
     @property

@@ -469,12 +469,26 @@ def test_page_from_json_html_and_base64() -> None:
         ('{"url": "u", "html": "x", "headers": [["A"]]}', "bad-field"),
         ('{"url": "u", "html": "x", "headers": {"A": 1}}', "bad-field"),
         ('{"url": "u", "html": 5}', "bad-field"),
+        ("[" * 200_000, "bad-json"),  # deeper than any JSON parser recurses
+        ('{"url": "u", "html": "x", "status": 123456789012345678901234567890}', "bad-field"),
     ],
 )
 def test_page_from_json_errors(line: str | bytes, kind: str) -> None:
     with pytest.raises(PageError) as err:
         page_from_json(line, None)
     assert err.value.kind == kind
+
+
+def test_page_from_json_takes_what_the_standard_library_takes() -> None:
+    """orjson and pybase64 go first; what they refuse the standard library still reads."""
+    lone = page_from_json('{"url": "u", "html": "a\\ud800b"}')
+    assert lone.body == b"a?b"
+    nan = page_from_json('{"url": "u", "html": "x", "extra": NaN}')
+    assert nan.body == b"x"
+    raw = bytes(range(256)) * 3 + b"x"  # 769 bytes: the encoding ends in "=="
+    for value in (base64.urlsafe_b64encode(raw).decode(), base64.b64encode(raw).decode()[:-2],
+                  " ".join(base64.b64encode(raw).decode())):
+        assert page_from_json(json.dumps({"url": "u", "body_b64": value})).body == raw
 
 
 def test_iter_jsonl_goes_on_after_bad_lines(tmp_path: Path) -> None:

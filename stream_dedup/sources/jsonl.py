@@ -16,6 +16,13 @@ stored bytes are, whatever charset a header from the original response named; se
 `page_from_json` is a pure function of the message bytes so the Kafka consumer and the replay
 of a .jsonl file share it. Every problem is a `PageError` whose kind says what was wrong:
 bad-json, no-url, no-body, bad-base64, bad-field.
+
+Speed: a 46 KB page is a 61 KB base64 string in a JSON object; the standard library's json and
+base64 took 59 + 144 µs for it, orjson and pybase64 (SIMD) take 18 + 3. They run first; the
+standard library, which accepts more (NaN, lone surrogates; base64 wrapped over lines), decides
+whatever they refuse, so what is accepted and every error message stay as they were, with one
+exception: orjson reads an integer beyond 64 bits as a float, so such a `status` is refused
+(bad-field) where it used to be taken.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
+import pybase64
+
 from stream_dedup.errors import PageError
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.warc import SourceStats
@@ -40,9 +50,9 @@ _HTML_TYPE = ("Content-Type", "text/html; charset=utf-8")
 def page_from_json(data: bytes | str, source: str | None = None) -> Page:
     """Build a Page from one JSON object (bytes or text); raises PageError if it is unusable."""
     try:
-        obj = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
-        raise PageError("bad-json", f"not valid JSON: {exc}") from None
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        obj = _json_loads(data)
     if not isinstance(obj, dict):
         raise PageError("bad-json", f"expected a JSON object, got {type(obj).__name__}")
     url = obj.get("url")
@@ -71,6 +81,15 @@ def page_from_json(data: bytes | str, source: str | None = None) -> Page:
     return Page(
         url=url, body=body, headers=headers, fetched_at=fetched_at, status=status, source=source
     )
+
+
+def _json_loads(data: bytes | str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both are ValueErrors
+        raise PageError("bad-json", f"not valid JSON: {exc}") from None
+    except RecursionError:  # "[[[[..." a hundred thousand deep
+        raise PageError("bad-json", "not valid JSON: nested too deeply") from None
 
 
 def _short(value: Any) -> str:
@@ -104,6 +123,11 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
 def _b64(value: Any) -> bytes:
     if not isinstance(value, str):
         raise PageError("bad-base64", f"'body_b64' must be a string, got {_short(value)}")
+    if "-" not in value and "_" not in value:
+        try:  # the common case: one line, standard alphabet
+            return pybase64.b64decode(value + "=" * (-len(value) % 4), validate=True)
+        except (binascii.Error, ValueError):
+            pass  # white space, or not base64: the general path below says which
     text = "".join(value.split())  # producers that wrap lines at 76 columns
     text += "=" * (-len(text) % 4)  # and ones that drop the padding
     altchars = b"-_" if ("-" in text or "_" in text) else None
@@ -178,7 +202,7 @@ def _reject(
 def _url_of(line: bytes) -> str | None:
     """The url of a rejected line, when there is one, so the reject can name its page."""
     try:
-        url = json.loads(line).get("url")
-    except (ValueError, AttributeError):
+        url = _json_loads(line).get("url")
+    except (PageError, AttributeError):
         return None
     return url if isinstance(url, str) else None

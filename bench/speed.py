@@ -346,8 +346,9 @@ def _tokenize_timed(visible: str, clock: Clock) -> Tokens:
 def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool) -> Decision:
     """Deduplicator.check rebuilt from the pure core functions and the public `decide`,
     with a lap after each stage: lookups the exact layers first, sketches only pages that
-    no exact layer matched and that have min_shingles shingles, then decide(analysis), which
-    (like check) looks the exact layers up again, queries candidates, verifies and inserts.
+    no exact layer matched and that have min_shingles shingles, then the decide step check
+    itself runs (told that the exact layers were looked up), which queries candidates,
+    verifies and inserts.
     Pages that do not parse cleanly (rejects) go through the real check."""
     s = dd.settings
     clock.lap(REST)
@@ -389,7 +390,8 @@ def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool)
         sig = ldsig.signature(tokens.codepoints, s.ld_c, s.ld_n)
         clock.lap("LD signature")
         a = replace(a, sketch=sk, features=feats, ld_signature=sig)
-    d = dd.decide(a)
+    # check's own decide step (private): decide() would look both exact layers up again
+    d = dd.decide(a) if matched else dd._decide_and_record(a, exact_checked=True)
     clock.lap(REST)
     return d
 

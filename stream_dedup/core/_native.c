@@ -435,8 +435,8 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
  * only taken when the tables agree with this rule on all of ASCII and on NBSP
  * (ascii_rule_holds). */
 #define BLOCK 64
-#define NBSP 0xA0 /* the one non-ASCII character the block path takes (a separator): nine in
-                   * ten non-ASCII characters of real pages are &nbsp; */
+#define NBSP 0xA0 /* the one non-ASCII character the block path takes (a separator): 87 and
+                   * 94 % of the non-ASCII characters of the WARC and httpbis texts */
 #define SLACK 64 /* room past the last output: the fast path writes 8 code points at a time */
 
 static int ascii_rule_holds(const unsigned char *cls, const uint32_t *fmap) {

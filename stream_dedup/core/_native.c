@@ -8,6 +8,8 @@
  *   shingles(hashes, mult)         w-token window fingerprints
  *   minhash(shingles, a, b, fam)   k*s minima, top 32 bits
  *   ld_signature(cps, c, mult)     Coates' signature bytes
+ *   run_postings(runs, keys, cap)  posting lists of keys in the memory index's sorted runs
+ *   memtable_add / memtable_arrays the memory index's memtable: add a page, dump it sorted-ready
  *
  * The tree walk calls lexbor through the functions selectolax's own module exports (the
  * "_noi" accessors lexbor provides for bindings), bound once by bind_lexbor(). Where a text
@@ -965,6 +967,158 @@ done:
     return result;
 }
 
+/* --- memory index: posting lists in sorted runs ------------------------------------------------ */
+/* First position in keys[0..n) not below (upper=0) / above (upper=1) key. */
+static Py_ssize_t bound32(const uint32_t *keys, Py_ssize_t n, uint32_t key, int upper) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (keys[mid] < key || (upper && keys[mid] == key)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* run_postings(runs, keys uint64, cap) -> list[int]: for every (run_keys uint32, run_vals uint32)
+ * in runs and every key (its low 32 bits), the last `cap` values stored under the key in that
+ * run, all in one list. What SortedRunMultimap.get_many does with two searchsorted calls per
+ * run and a Python loop per key. */
+static PyObject *run_postings(PyObject *self, PyObject *args) {
+    PyObject *runs;
+    Py_buffer q;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "O!y*n", &PyList_Type, &runs, &q, &cap)) return NULL;
+    PyObject *out = PyList_New(0);
+    const uint64_t *keys = q.buf;
+    Py_ssize_t nq = q.len / 8;
+    for (Py_ssize_t r = 0; out != NULL && r < PyList_GET_SIZE(runs); r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        Py_buffer kb, vb;
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a run is a (keys, values) tuple");
+            Py_CLEAR(out);
+            break;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 0), &kb, PyBUF_C_CONTIGUOUS) < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 1), &vb, PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&kb);
+            Py_CLEAR(out);
+            break;
+        }
+        const uint32_t *rk = kb.buf, *rv = vb.buf;
+        Py_ssize_t n = kb.len / 4 < vb.len / 4 ? kb.len / 4 : vb.len / 4;
+        for (Py_ssize_t i = 0; out != NULL && i < nq; i++) {
+            uint32_t key = (uint32_t)keys[i];
+            Py_ssize_t lo = bound32(rk, n, key, 0);
+            if (lo == n || rk[lo] != key) continue;
+            Py_ssize_t hi = bound32(rk + lo, n - lo, key, 1) + lo;
+            if (hi - lo > cap) lo = hi - cap;
+            for (Py_ssize_t j = lo; j < hi; j++) {
+                PyObject *v = PyLong_FromUnsignedLong(rv[j]);
+                if (v == NULL || PyList_Append(out, v) < 0) {
+                    Py_XDECREF(v);
+                    Py_CLEAR(out);
+                    break;
+                }
+                Py_DECREF(v);
+            }
+        }
+        PyBuffer_Release(&kb);
+        PyBuffer_Release(&vb);
+    }
+    PyBuffer_Release(&q);
+    return out;
+}
+
+/* memtable_add(mem dict[int, list[int]], keys uint64, value, cap, keep_first) -> int: `value`
+ * appended under every key's low 32 bits, a list kept to `cap` values (keep_first: later values
+ * are not added; else the oldest is dropped). Returns how many entries the memtable gained. */
+static PyObject *memtable_add(PyObject *self, PyObject *args) {
+    PyObject *mem, *value;
+    Py_buffer q;
+    Py_ssize_t cap;
+    int keep_first;
+    if (!PyArg_ParseTuple(args, "O!y*Onp", &PyDict_Type, &mem, &q, &value, &cap, &keep_first))
+        return NULL;
+    const uint64_t *keys = q.buf;
+    Py_ssize_t added = 0, nq = q.len / 8;
+    int failed = 0;
+    for (Py_ssize_t i = 0; i < nq && !failed; i++) {
+        PyObject *key = PyLong_FromUnsignedLong((uint32_t)keys[i]);
+        if (key == NULL) {
+            failed = 1;
+            break;
+        }
+        PyObject *bucket = PyDict_GetItemWithError(mem, key); /* borrowed */
+        if (bucket == NULL && !PyErr_Occurred()) {
+            PyObject *fresh = PyList_New(0);
+            if (fresh == NULL || PyDict_SetItem(mem, key, fresh) < 0) failed = 1;
+            Py_XDECREF(fresh); /* the dict holds it */
+            bucket = failed ? NULL : fresh;
+        }
+        Py_DECREF(key);
+        if (bucket == NULL || !PyList_Check(bucket)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "memtable values are lists");
+            failed = 1;
+            break;
+        }
+        Py_ssize_t n = PyList_GET_SIZE(bucket);
+        if (keep_first && n >= cap) continue;
+        if (PyList_Append(bucket, value) < 0) {
+            failed = 1;
+        } else if (!keep_first && n + 1 > cap) {
+            if (PyList_SetSlice(bucket, 0, n + 1 - cap, NULL) < 0) failed = 1;
+        } else {
+            added++;
+        }
+    }
+    PyBuffer_Release(&q);
+    return failed ? NULL : PyLong_FromSsize_t(added);
+}
+
+/* memtable_arrays(mem, count) -> (keys uint32 bytes, values uint32 bytes): every (key, value)
+ * entry in dict order, values of a key in list order; count is the number of entries. */
+static PyObject *memtable_arrays(PyObject *self, PyObject *args) {
+    PyObject *mem;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &mem, &count)) return NULL;
+    PyObject *kb = PyBytes_FromStringAndSize(NULL, count * 4);
+    PyObject *vb = PyBytes_FromStringAndSize(NULL, count * 4);
+    if (kb == NULL || vb == NULL) goto fail;
+    uint32_t *ko = (uint32_t *)PyBytes_AS_STRING(kb), *vo = (uint32_t *)PyBytes_AS_STRING(vb);
+    Py_ssize_t pos = 0, k = 0;
+    PyObject *key, *bucket;
+    while (PyDict_Next(mem, &pos, &key, &bucket)) {
+        if (!PyList_Check(bucket)) {
+            PyErr_SetString(PyExc_TypeError, "memtable values are lists");
+            goto fail;
+        }
+        uint32_t kv = (uint32_t)PyLong_AsUnsignedLongMask(key);
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(bucket); j++) {
+            unsigned long v = PyLong_AsUnsignedLongMask(PyList_GET_ITEM(bucket, j));
+            if (PyErr_Occurred()) goto fail;
+            if (k == count) {
+                PyErr_SetString(PyExc_ValueError, "memtable holds more entries than count");
+                goto fail;
+            }
+            ko[k] = kv;
+            vo[k++] = (uint32_t)v;
+        }
+    }
+    if (k != count) {
+        PyErr_SetString(PyExc_ValueError, "memtable holds fewer entries than count");
+        goto fail;
+    }
+    return Py_BuildValue("(NN)", kb, vb);
+fail:
+    Py_XDECREF(kb);
+    Py_XDECREF(vb);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"bind_lexbor", bind_lexbor, METH_VARARGS,
      "bind_lexbor(path, text_node_addr, text_tag_id, marker): bind the tree walk to the "
@@ -984,6 +1138,13 @@ static PyMethodDef methods[] = {
     {"minhash", minhash, METH_VARARGS,
      "minhash(shingles, a, b, family) -> uint32 bytes (family 0: affine64, 1: mix64)"},
     {"ld_signature", ld_signature, METH_VARARGS, "ld_signature(codepoints, c, mult) -> bytes"},
+    {"run_postings", run_postings, METH_VARARGS,
+     "run_postings(runs, keys, cap) -> list[int]: the last cap values of every key (low 32 bits "
+     "of the uint64 keys) in every (keys uint32, values uint32) run"},
+    {"memtable_add", memtable_add, METH_VARARGS,
+     "memtable_add(mem, keys, value, cap, keep_first) -> entries added"},
+    {"memtable_arrays", memtable_arrays, METH_VARARGS,
+     "memtable_arrays(mem, count) -> (keys uint32 bytes, values uint32 bytes)"},
     {NULL, NULL, 0, NULL},
 };
 

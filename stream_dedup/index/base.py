@@ -12,7 +12,8 @@ each other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -73,14 +74,14 @@ class FeatureIndex(Protocol):
     def close(self) -> None: ...
 
 
-def rank_candidates(page_ids: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
-    """Count how often each page id occurs among the posting lists of a page's features."""
-    if page_ids.shape[0] == 0:
-        return []
-    ids, counts = np.unique(page_ids, return_counts=True)
-    hit = counts >= min_shared
-    if not hit.any():
-        return []
-    ids, counts = ids[hit], counts[hit]
-    order = np.lexsort((ids, -counts))
-    return [(int(ids[i]), int(counts[i])) for i in order]
+def rank_candidates(page_ids: Iterable[int], min_shared: int) -> list[tuple[int, int]]:
+    """Count how often each page id occurs among the posting lists of a page's features.
+    (A Counter: the lists hold a few ids, at most k * max_posting, where numpy's unique and
+    lexsort cost ~13 µs a page in fixed overhead.)"""
+    hits = [(i, n) for i, n in Counter(page_ids).items() if n >= min_shared]
+    hits.sort(key=_most_shared_first)
+    return hits
+
+
+def _most_shared_first(hit: tuple[int, int]) -> tuple[int, int]:
+    return -hit[1], hit[0]

@@ -174,7 +174,7 @@ class LsmIndex:
             del it
         if self._deleted:
             ids = [i for i in ids if i not in self._deleted]
-        return rank_candidates(np.asarray(ids, dtype=np.int64), min_shared)
+        return rank_candidates(ids, min_shared)
 
     def insert(self, doc: StoredDoc) -> int:
         page_id = self._next_id

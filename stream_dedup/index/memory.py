@@ -17,13 +17,18 @@ page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import IndexMismatchError
 from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+
+try:
+    from ..core import _native
+except ImportError:  # installed without a C compiler: numpy searches the runs
+    _native = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from .lsm import LsmIndex
@@ -49,40 +54,48 @@ class SortedRunMultimap:
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, key: int, value: int) -> None:
-        self.add_many((key,), value)
+        self.add_many(np.array([key], dtype=np.uint64), value)
 
-    def add_many(self, keys: Iterable[int], value: int) -> None:
-        """`value` under each key (one call for all of a page's features)."""
-        mem, cap, first = self._mem, self.cap, self.keep == "first"
-        for key in keys:
-            bucket = mem.setdefault(key & _KEY_MASK, [])
-            if first and len(bucket) >= cap:
-                continue
-            bucket.append(value)
-            if not first and len(bucket) > cap:
-                del bucket[0]
-            else:
-                self._mem_entries += 1
-            if self._mem_entries >= _MEMTABLE_MAX:
-                self.flush()
+    def add_many(self, keys: np.ndarray, value: int) -> None:
+        """`value` under each key (uint64; one call for all of a page's features)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if _native is not None:
+            self._mem_entries += _native.memtable_add(
+                self._mem, keys, value, self.cap, self.keep == "first")
+        else:
+            mem, cap, first = self._mem, self.cap, self.keep == "first"
+            for key in keys.tolist():
+                bucket = mem.setdefault(key & _KEY_MASK, [])
+                if first and len(bucket) >= cap:
+                    continue
+                bucket.append(value)
+                if not first and len(bucket) > cap:
+                    del bucket[0]
+                else:
+                    self._mem_entries += 1
+        if self._mem_entries >= _MEMTABLE_MAX:
+            self.flush()
 
-    def get_many(self, keys: np.ndarray) -> np.ndarray:
-        """All stored values of all keys (concatenated; a value may repeat across keys)."""
-        keys = (keys & np.uint64(_KEY_MASK)).astype(np.uint32)
-        parts: list[np.ndarray] = []
-        for run_keys, run_vals in self._runs:
-            lo = np.searchsorted(run_keys, keys, side="left")
-            hi = np.searchsorted(run_keys, keys, side="right")
-            for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
-                if b > a:
-                    parts.append(run_vals[max(a, b - self.cap) : b])
+    def get_many(self, keys: np.ndarray) -> list[int]:
+        """All stored values of all keys (uint64; a value may repeat across keys)."""
+        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+        if _native is not None:  # one call for every run (~1 µs instead of ~6 per run)
+            out = _native.run_postings(self._runs, keys, self.cap)
+        else:
+            out = []
+            low = (keys & np.uint64(_KEY_MASK)).astype(np.uint32)
+            for run_keys, run_vals in self._runs:
+                lo = np.searchsorted(run_keys, low, side="left")
+                hi = np.searchsorted(run_keys, low, side="right")
+                for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+                    if b > a:
+                        out += run_vals[max(a, b - self.cap) : b].tolist()
+        mem = self._mem
         for key in keys.tolist():
-            bucket = self._mem.get(key)
+            bucket = mem.get(key & _KEY_MASK)
             if bucket:
-                parts.append(np.asarray(bucket, dtype=np.uint32))
-        if not parts:
-            return np.zeros(0, dtype=np.uint32)
-        return np.concatenate(parts)
+                out += bucket
+        return out
 
     def values(self, key: int) -> list[int]:
         """The stored values of one key, ascending (older runs hold older ids). One
@@ -100,12 +113,13 @@ class SortedRunMultimap:
     def flush(self) -> None:
         if not self._mem:
             return
-        keys = np.fromiter(
-            (k for k, vs in self._mem.items() for _ in vs), dtype=np.uint32, count=self._mem_entries
-        )
-        vals = np.fromiter(
-            (v for vs in self._mem.values() for v in vs), dtype=np.uint32, count=self._mem_entries
-        )
+        if _native is not None:
+            kb, vb = _native.memtable_arrays(self._mem, self._mem_entries)
+            keys, vals = np.frombuffer(kb, dtype=np.uint32), np.frombuffer(vb, dtype=np.uint32)
+        else:
+            n, mem = self._mem_entries, self._mem
+            keys = np.fromiter((k for k, vs in mem.items() for _ in vs), np.uint32, count=n)
+            vals = np.fromiter((v for vs in mem.values() for v in vs), np.uint32, count=n)
         self._mem.clear()
         self._mem_entries = 0
         order = np.argsort(keys, kind="stable")
@@ -178,7 +192,7 @@ class MemoryIndex:
         self._docs.append(doc)
         self._doc_bytes += (doc.sketch.nbytes + doc.features.nbytes + len(doc.ld_signature)
                             + len(doc.url))
-        self._features.add_many(doc.features.tolist(), page_id)
+        self._features.add_many(doc.features, page_id)
         self._exact[RAW].add(doc.raw_fp, page_id)
         if doc.text_length > 0:
             self._exact[CANONICAL].add(doc.canonical_fp, page_id)

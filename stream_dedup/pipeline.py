@@ -182,12 +182,10 @@ class Analyzer:
         if a.shingle_count < self.settings.min_shingles:
             return a
         started = perf_counter()
-        sk = self.sketcher.sketch(self.sketcher.shingles(tokens.hashes))
-        sig = ldsig.signature(tokens.codepoints, self.settings.ld_c, self.settings.ld_n)
+        sk, features, sig = self.sketcher.page(tokens.hashes, tokens.codepoints)
         # Built directly: dataclasses.replace costs several µs a page.
         return Analysis(a.page, a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, sk,
-                        self.sketcher.features(sk), sig, None, a.canonical_s,
-                        perf_counter() - started)
+                        features, sig, None, a.canonical_s, perf_counter() - started)
 
 
 _WORKER: Analyzer | None = None

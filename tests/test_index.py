@@ -123,7 +123,7 @@ def test_multimap_keep_first_and_last() -> None:
     assert got[-2:] == [49_842, 49_942] and len(got) <= 4
 
 
-@pytest.mark.parametrize("keep, cap", [("last", 3), ("first", 2)])
+@pytest.mark.parametrize("keep, cap", [("last", 3), ("first", 2), ("last", 1), ("first", 1)])
 def test_multimap_kernels_match_python(
     keep: str, cap: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

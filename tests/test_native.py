@@ -13,6 +13,7 @@ All markup here is written for these tests; the corpus test reads ../shared/corp
 from __future__ import annotations
 
 import string
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -268,6 +269,29 @@ def test_many_shingles_match_numpy(family: str) -> None:
     shingles = sk.shingles(hashes)
     assert shingles.tolist() == sk.shingles_numpy(hashes).tolist()
     assert sk.sketch(shingles).tolist() == sk.sketch_numpy(shingles).tolist()
+
+
+@needs_native
+@settings(max_examples=150, deadline=None)
+@given(
+    hashes=u64_arrays, params=params_st, cps=arrays(np.uint32, st.integers(0, 400)),
+    cn=st.sampled_from([(32, 4), (7, 3), (2, 1)]),
+)
+@example(hashes=np.zeros(0, dtype=np.uint64), params=Params(), cps=np.zeros(0, np.uint32),
+         cn=(32, 4))
+def test_sketch_page_is_the_steps_in_numpy(
+    hashes: np.ndarray, params: Params, cps: np.ndarray, cn: tuple[int, int]
+) -> None:
+    """The fused kernel gives what the numpy definitions of its steps give, one by one."""
+    params = replace(params, ld_c=cn[0], ld_n=cn[1])
+    sk = Sketcher(params)
+    sketch, features, sig = sk.page(hashes, cps)
+    ref_sketch = sk.sketch_numpy(sk.shingles_numpy(hashes))
+    assert sketch.dtype == np.uint32 and features.dtype == np.uint64
+    assert sketch.tolist() == ref_sketch.tolist()
+    assert features.tolist() == sk.features(ref_sketch).tolist()
+    assert features.shape == (params.groups,)
+    assert sig == ldsig.signature_numpy(cps, *cn)
 
 
 # --- LD signatures ------------------------------------------------------------------------------

@@ -8,6 +8,7 @@
  *   shingles(hashes, mult)         w-token window fingerprints
  *   minhash(shingles, a, b, fam)   k*s minima, top 32 bits
  *   ld_signature(cps, c, mult)     Coates' signature bytes
+ *   sketch_page(...)               shingles, min-hashes, features and signature in one call
  *   run_postings(runs, keys, cap)  posting lists of keys in the memory index's sorted runs
  *   memtable_add / memtable_arrays the memory index's memtable: add a page, dump it sorted-ready
  *
@@ -935,35 +936,109 @@ static Py_ssize_t ld_select(const uint64_t *hs, Py_ssize_t m, uint64_t c, char *
     return k;
 }
 
+/* Coates' signature of len code points appended to out; -1 when out cannot grow. */
+static int ld_append(Buf *out, const uint32_t *cp, Py_ssize_t len, uint64_t c, const uint64_t *mult,
+                     Py_ssize_t n) {
+    uint64_t hs[LD_BLOCK];
+    Py_ssize_t total = len - n + 1;
+    for (Py_ssize_t lo = 0; lo < total; lo += LD_BLOCK) {
+        Py_ssize_t m = total - lo < LD_BLOCK ? total - lo : LD_BLOCK;
+        window_hashes(cp + lo, m, mult, n, hs);
+        if (buf_reserve(out, (size_t)m)) return -1;
+        out->len += (size_t)ld_select(hs, m, c, out->data + out->len);
+    }
+    return 0;
+}
+
 /* ld_signature(codepoints uint32 bytes, c, mult uint64[n]) -> bytes */
 static PyObject *ld_signature(PyObject *self, PyObject *args) {
     Py_buffer cps, mult;
     unsigned long long c;
     if (!PyArg_ParseTuple(args, "y*Ky*", &cps, &c, &mult)) return NULL;
-    Py_ssize_t len = cps.len / 4, n = mult.len / 8, total = len - n + 1;
     PyObject *result = NULL;
     static Buf out;
     out.len = 0;
-    if (c == 0 || n < 1) {
+    if (c == 0 || mult.len < 8) {
         PyErr_SetString(PyExc_ValueError, "c and n must be >= 1");
-        goto done;
+    } else if (ld_append(&out, cps.buf, cps.len / 4, c, mult.buf, mult.len / 8)) {
+        PyErr_NoMemory();
+    } else {
+        result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
     }
-    const uint32_t *cp = cps.buf;
-    uint64_t hs[LD_BLOCK];
-    for (Py_ssize_t lo = 0; lo < total; lo += LD_BLOCK) {
-        Py_ssize_t m = total - lo < LD_BLOCK ? total - lo : LD_BLOCK;
-        window_hashes(cp + lo, m, mult.buf, n, hs);
-        if (buf_reserve(&out, (size_t)m)) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        out.len += (size_t)ld_select(hs, m, c, out.data + out.len);
-    }
-    result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
-done:
     buf_release_if_huge(&out);
     PyBuffer_Release(&cps);
     PyBuffer_Release(&mult);
+    return result;
+}
+
+/* --- the whole sketch step in one call -------------------------------------------------------- */
+#define FEATURE_GOLDEN 0x9E3779B97F4A7C15ULL
+
+/* Broder's features: group g's s min-hashes absorbed one at a time into a mix64 chain started
+ * from the seed and the group number (sketch.py's features_numpy is the same definition). */
+static void features_k(const uint32_t *sk, Py_ssize_t groups, Py_ssize_t s, uint64_t seed,
+                       uint64_t *out) {
+    for (Py_ssize_t g = 0; g < groups; g++) {
+        uint64_t h = mix64(seed + (uint64_t)(g + 1) * FEATURE_GOLDEN);
+        for (Py_ssize_t j = 0; j < s; j++) h = mix64(h ^ sk[g * s + j]);
+        out[g] = h;
+    }
+}
+
+/* sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, ld_c,
+ * ld_mult) -> (sketch uint32 bytes, features uint64 bytes, LD signature bytes): shingles, k*s
+ * min-hashes, k features and Coates' signature of one page, with no Python in between. */
+static PyObject *sketch_page(PyObject *self, PyObject *args) {
+    Py_buffer th, sm, a, b, cps, lm;
+    int family;
+    Py_ssize_t groups;
+    unsigned long long seed, c;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*", &th, &sm, &a, &b, &family, &groups, &seed,
+                          &cps, &c, &lm))
+        return NULL;
+    static Buf shingle_buf, sig;
+    PyObject *sketch = NULL, *feats = NULL, *result = NULL;
+    Py_ssize_t k = a.len / 8, n = th.len / 8, w = sm.len / 8, m = n - w + 1;
+    sig.len = 0;
+    shingle_buf.len = 0;
+    if (b.len != a.len || (family != 0 && family != 1) || groups < 1 || k % groups != 0 ||
+        w < 1 || c == 0 || lm.len < 8) {
+        PyErr_SetString(PyExc_ValueError, "inconsistent sketch or signature parameters");
+        goto done;
+    }
+    sketch = PyBytes_FromStringAndSize(NULL, k * 4);
+    feats = PyBytes_FromStringAndSize(NULL, groups * 8);
+    if (sketch == NULL || feats == NULL) goto done;
+    uint32_t *sk = (uint32_t *)PyBytes_AS_STRING(sketch);
+    if (m <= 0) {
+        memset(sk, 0xFF, k * 4);
+    } else {
+        if (buf_reserve(&shingle_buf, (size_t)m * 8)) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        uint64_t *x = (uint64_t *)shingle_buf.data;
+        shingles_k(th.buf, n, sm.buf, w, x);
+        minhash_k(x, m, a.buf, b.buf, k, family, sk);
+    }
+    features_k(sk, groups, k / groups, seed, (uint64_t *)PyBytes_AS_STRING(feats));
+    if (ld_append(&sig, cps.buf, cps.len / 4, c, lm.buf, lm.len / 8)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = Py_BuildValue("(OOy#)", sketch, feats, sig.data ? sig.data : "",
+                           (Py_ssize_t)sig.len);
+done:
+    Py_XDECREF(sketch);
+    Py_XDECREF(feats);
+    buf_release_if_huge(&shingle_buf);
+    buf_release_if_huge(&sig);
+    PyBuffer_Release(&th);
+    PyBuffer_Release(&sm);
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    PyBuffer_Release(&cps);
+    PyBuffer_Release(&lm);
     return result;
 }
 
@@ -1033,54 +1108,81 @@ static PyObject *run_postings(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* memtable_add(mem dict[int, list[int]], keys uint64, value, cap, keep_first) -> int: `value`
- * appended under every key's low 32 bits, a list kept to `cap` values (keep_first: later values
- * are not added; else the oldest is dropped). Returns how many entries the memtable gained. */
-static PyObject *memtable_add(PyObject *self, PyObject *args) {
-    PyObject *mem, *value;
-    Py_buffer q;
-    Py_ssize_t cap;
-    int keep_first;
-    if (!PyArg_ParseTuple(args, "O!y*Onp", &PyDict_Type, &mem, &q, &value, &cap, &keep_first))
-        return NULL;
-    const uint64_t *keys = q.buf;
-    Py_ssize_t added = 0, nq = q.len / 8;
-    int failed = 0;
-    for (Py_ssize_t i = 0; i < nq && !failed; i++) {
-        PyObject *key = PyLong_FromUnsignedLong((uint32_t)keys[i]);
-        if (key == NULL) {
-            failed = 1;
-            break;
-        }
-        PyObject *bucket = PyDict_GetItemWithError(mem, key); /* borrowed */
-        if (bucket == NULL && !PyErr_Occurred()) {
-            PyObject *fresh = PyList_New(0);
-            if (fresh == NULL || PyDict_SetItem(mem, key, fresh) < 0) failed = 1;
-            Py_XDECREF(fresh); /* the dict holds it */
-            bucket = failed ? NULL : fresh;
-        }
-        Py_DECREF(key);
-        if (bucket == NULL || !PyList_Check(bucket)) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "memtable values are lists");
-            failed = 1;
-            break;
-        }
-        Py_ssize_t n = PyList_GET_SIZE(bucket);
-        if (keep_first && n >= cap) continue;
-        if (PyList_Append(bucket, value) < 0) {
-            failed = 1;
+/* The memtable maps a key's low 32 bits to its one value (an int: most keys are seen once, and
+ * an int is no container for the garbage collector to track) or to a list of values, oldest
+ * first, at most cap long. */
+static int memtable_put(PyObject *mem, uint32_t k, PyObject *value, Py_ssize_t cap, int keep_first,
+                        Py_ssize_t *added) {
+    PyObject *key = PyLong_FromUnsignedLong(k);
+    if (key == NULL) return -1;
+    int rc = 0;
+    PyObject *old = PyDict_GetItemWithError(mem, key); /* borrowed */
+    if (old == NULL) {
+        if (PyErr_Occurred() || PyDict_SetItem(mem, key, value) < 0) rc = -1;
+        else (*added)++;
+    } else if (PyList_Check(old)) {
+        Py_ssize_t n = PyList_GET_SIZE(old);
+        if (keep_first && n >= cap) {
+            /* full: later values are not kept */
+        } else if (PyList_Append(old, value) < 0) {
+            rc = -1;
         } else if (!keep_first && n + 1 > cap) {
-            if (PyList_SetSlice(bucket, 0, n + 1 - cap, NULL) < 0) failed = 1;
+            rc = PyList_SetSlice(old, 0, n + 1 - cap, NULL);
         } else {
-            added++;
+            (*added)++;
+        }
+    } else if (cap < 2) { /* one value per key */
+        if (!keep_first) rc = PyDict_SetItem(mem, key, value);
+    } else {
+        PyObject *pair = PyList_New(2);
+        if (pair == NULL) {
+            rc = -1;
+        } else {
+            Py_INCREF(old);
+            Py_INCREF(value);
+            PyList_SET_ITEM(pair, 0, old);
+            PyList_SET_ITEM(pair, 1, value);
+            rc = PyDict_SetItem(mem, key, pair);
+            Py_DECREF(pair);
+            if (rc == 0) (*added)++;
         }
     }
-    PyBuffer_Release(&q);
-    return failed ? NULL : PyLong_FromSsize_t(added);
+    Py_DECREF(key);
+    return rc;
+}
+
+/* memtable_add(mem, keys, value, cap, keep_first) -> int: `value` stored under every key (an int,
+ * or uint64 buffer of keys; the low 32 bits count), a key keeping at most `cap` values
+ * (keep_first: later values are not added; else the oldest is dropped). Returns how many entries
+ * the memtable gained. */
+static PyObject *memtable_add(PyObject *self, PyObject *args) {
+    PyObject *mem, *keys_obj, *value;
+    Py_ssize_t cap, added = 0;
+    int keep_first, rc = 0;
+    if (!PyArg_ParseTuple(args, "O!OOnp", &PyDict_Type, &mem, &keys_obj, &value, &cap,
+                          &keep_first))
+        return NULL;
+    if (cap < 1) {
+        PyErr_SetString(PyExc_ValueError, "cap must be >= 1");
+        return NULL;
+    }
+    if (PyLong_Check(keys_obj)) {
+        uint32_t k = (uint32_t)PyLong_AsUnsignedLongLongMask(keys_obj);
+        if (PyErr_Occurred()) return NULL;
+        rc = memtable_put(mem, k, value, cap, keep_first, &added);
+    } else {
+        Py_buffer q;
+        if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        const uint64_t *keys = q.buf;
+        for (Py_ssize_t i = 0; i < q.len / 8 && rc == 0; i++)
+            rc = memtable_put(mem, (uint32_t)keys[i], value, cap, keep_first, &added);
+        PyBuffer_Release(&q);
+    }
+    return rc < 0 ? NULL : PyLong_FromSsize_t(added);
 }
 
 /* memtable_arrays(mem, count) -> (keys uint32 bytes, values uint32 bytes): every (key, value)
- * entry in dict order, values of a key in list order; count is the number of entries. */
+ * entry in dict order, the values of a key in their order; count is the number of entries. */
 static PyObject *memtable_arrays(PyObject *self, PyObject *args) {
     PyObject *mem;
     Py_ssize_t count;
@@ -1092,13 +1194,12 @@ static PyObject *memtable_arrays(PyObject *self, PyObject *args) {
     Py_ssize_t pos = 0, k = 0;
     PyObject *key, *bucket;
     while (PyDict_Next(mem, &pos, &key, &bucket)) {
-        if (!PyList_Check(bucket)) {
-            PyErr_SetString(PyExc_TypeError, "memtable values are lists");
-            goto fail;
-        }
         uint32_t kv = (uint32_t)PyLong_AsUnsignedLongMask(key);
-        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(bucket); j++) {
-            unsigned long v = PyLong_AsUnsignedLongMask(PyList_GET_ITEM(bucket, j));
+        int single = !PyList_Check(bucket);
+        Py_ssize_t n = single ? 1 : PyList_GET_SIZE(bucket);
+        for (Py_ssize_t j = 0; j < n; j++) {
+            PyObject *item = single ? bucket : PyList_GET_ITEM(bucket, j);
+            unsigned long v = PyLong_AsUnsignedLongMask(item);
             if (PyErr_Occurred()) goto fail;
             if (k == count) {
                 PyErr_SetString(PyExc_ValueError, "memtable holds more entries than count");
@@ -1138,6 +1239,9 @@ static PyMethodDef methods[] = {
     {"minhash", minhash, METH_VARARGS,
      "minhash(shingles, a, b, family) -> uint32 bytes (family 0: affine64, 1: mix64)"},
     {"ld_signature", ld_signature, METH_VARARGS, "ld_signature(codepoints, c, mult) -> bytes"},
+    {"sketch_page", sketch_page, METH_VARARGS,
+     "sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, "
+     "ld_c, ld_mult) -> (sketch uint32 bytes, features uint64 bytes, LD signature bytes)"},
     {"run_postings", run_postings, METH_VARARGS,
      "run_postings(runs, keys, cap) -> list[int]: the last cap values of every key (low 32 bits "
      "of the uint64 keys) in every (keys uint32, values uint32) run"},

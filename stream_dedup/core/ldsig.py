@@ -37,7 +37,7 @@ def signature(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> bytes:
     if _native is None:
         return signature_numpy(codepoints, c, n, seed)
     cps = np.ascontiguousarray(codepoints, dtype=np.uint32)
-    sig: bytes = _native.ld_signature(cps, c, _window_constants(seed, n))
+    sig: bytes = _native.ld_signature(cps, c, window_constants(seed, n))
     return sig
 
 
@@ -46,7 +46,7 @@ def signature_numpy(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> by
     length = codepoints.shape[0] - n + 1
     if length <= 0:
         return b""
-    mult = _window_constants(seed, n)
+    mult = window_constants(seed, n)
     cp = codepoints.astype(np.uint64)
     acc = cp[:length] * mult[0]
     for j in range(1, n):
@@ -57,7 +57,8 @@ def signature_numpy(codepoints: np.ndarray, c: int, n: int, seed: int = 0) -> by
 
 
 @lru_cache(maxsize=16)
-def _window_constants(seed: int, n: int) -> np.ndarray:
+def window_constants(seed: int, n: int) -> np.ndarray:
+    """The n odd multipliers of the window hash."""
     return odd_constants(seed, n, salt=7)
 
 

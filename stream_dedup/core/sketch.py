@@ -5,8 +5,9 @@
   Pr[min pi(A) == min pi(B)] = |A∩B| / |A∪B|, the resemblance, so the share of equal
   positions in two sketches estimates it;
 - features: the sketch split into k groups of s; each group (with its group id) is
-  fingerprinted by xxh3, a hash independent of the shingle hash. Two pages share a feature
-  with probability rho**s, and "near-duplicate" means sharing >= r of the k features.
+  fingerprinted by a mix64 chain seeded with the Params stamp: 64 bits, and a hash
+  independent of the shingle hash. Two pages share a feature with probability rho**s, and
+  "near-duplicate" means sharing >= r of the k features.
 
 Hash families (`Params.family`), both bijections on 64-bit words applied to the shingle
 fingerprints, keeping the top 32 bits of the result as the min-hash value:
@@ -29,7 +30,8 @@ import numpy as np
 import xxhash
 
 from ..errors import ConfigError
-from .hashing import MASK64, U64, mix64, mix64_int, odd_constants
+from . import ldsig
+from .hashing import MASK64, U64, golden, mix64, mix64_int, odd_constants
 
 try:
     from . import _native
@@ -53,7 +55,9 @@ class Params:
     seed: int = 0x5EED_D0C5
     family: str = "affine64"
     boilerplate: bool = False
-    canon_version: int = 2  # 2: multilinear token hash
+    # Version of what the stages compute beyond these numbers (canonical text, token and
+    # feature hashes). 2: multilinear token hash; 3: features by a mix64 chain, not xxh3.
+    canon_version: int = 3
     # Coates' signature (c, n): verification compares a page's signature with the stored ones
     ld_c: int = 32
     ld_n: int = 4
@@ -100,7 +104,25 @@ class Sketcher:
         self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
         self._feature_seed = params.stamp
         self._family = FAMILIES.index(params.family)  # the kernel's family number
-        self._group_ids = [g.to_bytes(2, "little") for g in range(params.groups)]
+        self._ld_mult = ldsig.window_constants(0, params.ld_n)
+
+    # --- one page, every step -------------------------------------------------------
+    def page(
+        self, token_hashes: np.ndarray, codepoints: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, bytes]:
+        """(sketch, features, LD signature) of a page's tokens and canonical code points:
+        `features(sketch(shingles(token_hashes)))` and `ldsig.signature(codepoints, ld_c,
+        ld_n)`, in one kernel call (the Python between the steps cost ~10 µs a page)."""
+        p = self.params
+        if _native is None:
+            sk = self.sketch(self.shingles(token_hashes))
+            return sk, self.features(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n)
+        sk_b, feats_b, sig = _native.sketch_page(
+            np.ascontiguousarray(token_hashes, dtype=np.uint64), self._shingle_mult, self._a,
+            self._b, self._family, p.groups, self._feature_seed,
+            np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
+        )
+        return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(feats_b, dtype=np.uint64), sig
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -148,13 +170,14 @@ class Sketcher:
 
     # --- features -----------------------------------------------------------------
     def features(self, sketch: np.ndarray) -> np.ndarray:
-        """k 64-bit features: xxh3 of (group id, the group's s min-hashes)."""
-        raw, step, seed = sketch.tobytes(), 4 * self.params.group_size, self._feature_seed
-        return np.array(
-            [xxhash.xxh3_64_intdigest(gid + raw[g * step : (g + 1) * step], seed=seed)
-             for g, gid in enumerate(self._group_ids)],
-            dtype=np.uint64,
-        )
+        """k 64-bit features. Group g's: h = mix64(seed + (g+1)*golden), then h = mix64(h ^ v)
+        for each of its s min-hashes v in order (the kernel computes the same in `page`)."""
+        k, s = self.params.groups, self.params.group_size
+        h = mix64(U64(self._feature_seed) + np.arange(1, k + 1, dtype=np.uint64) * golden())
+        values = np.asarray(sketch, dtype=np.uint32).astype(np.uint64).reshape(k, s)
+        for j in range(s):
+            h = mix64(h ^ values[:, j])
+        return h
 
     # --- plain reference (tests) ---------------------------------------------------
     @cached_property

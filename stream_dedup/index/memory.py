@@ -49,32 +49,55 @@ class SortedRunMultimap:
             raise ValueError("keep must be 'first' or 'last'")
         self.cap = cap
         self.keep = keep
-        self._mem: dict[int, list[int]] = {}
+        # key -> its one value, or a list of them (oldest first): most keys are seen once,
+        # and an int is no container for the garbage collector to track.
+        self._mem: dict[int, int | list[int]] = {}
         self._mem_entries = 0
         self._runs: list[tuple[np.ndarray, np.ndarray]] = []
 
     def add(self, key: int, value: int) -> None:
-        self.add_many(np.array([key], dtype=np.uint64), value)
+        self.add_many(key, value)
 
-    def add_many(self, keys: np.ndarray, value: int) -> None:
-        """`value` under each key (uint64; one call for all of a page's features)."""
-        keys = np.ascontiguousarray(keys, dtype=np.uint64)
+    def add_many(self, keys: np.ndarray | int, value: int) -> None:
+        """`value` under each key (uint64 array, or one int; one call for all of a page's
+        features)."""
+        first = self.keep == "first"
         if _native is not None:
-            self._mem_entries += _native.memtable_add(
-                self._mem, keys, value, self.cap, self.keep == "first")
+            if not isinstance(keys, int):
+                keys = np.ascontiguousarray(keys, dtype=np.uint64)
+            self._mem_entries += _native.memtable_add(self._mem, keys, value, self.cap, first)
         else:
-            mem, cap, first = self._mem, self.cap, self.keep == "first"
-            for key in keys.tolist():
-                bucket = mem.setdefault(key & _KEY_MASK, [])
-                if first and len(bucket) >= cap:
-                    continue
-                bucket.append(value)
-                if not first and len(bucket) > cap:
-                    del bucket[0]
-                else:
-                    self._mem_entries += 1
+            for key in [keys] if isinstance(keys, int) else keys.tolist():
+                self._put(key & _KEY_MASK, value, first)
         if self._mem_entries >= _MEMTABLE_MAX:
             self.flush()
+
+    def _put(self, key: int, value: int, first: bool) -> None:
+        """memtable_add's rules for one key, in Python (no compiled kernels)."""
+        old = self._mem.get(key)
+        if old is None:
+            self._mem[key] = value
+            self._mem_entries += 1
+        elif isinstance(old, list):
+            if first and len(old) >= self.cap:
+                return
+            old.append(value)
+            if not first and len(old) > self.cap:
+                del old[0]
+            else:
+                self._mem_entries += 1
+        elif self.cap < 2:
+            if not first:
+                self._mem[key] = value
+        else:
+            self._mem[key] = [old, value]
+            self._mem_entries += 1
+
+    def _mem_values(self, key: int) -> list[int]:
+        bucket = self._mem.get(key)
+        if bucket is None:
+            return []
+        return bucket if isinstance(bucket, list) else [bucket]
 
     def get_many(self, keys: np.ndarray) -> list[int]:
         """All stored values of all keys (uint64; a value may repeat across keys)."""
@@ -93,8 +116,12 @@ class SortedRunMultimap:
         mem = self._mem
         for key in keys.tolist():
             bucket = mem.get(key & _KEY_MASK)
-            if bucket:
+            if bucket is None:
+                continue
+            if isinstance(bucket, list):
                 out += bucket
+            else:
+                out.append(bucket)
         return out
 
     def values(self, key: int) -> list[int]:
@@ -107,7 +134,7 @@ class SortedRunMultimap:
             if lo < run_keys.shape[0] and run_keys[lo] == key:
                 hi = int(run_keys.searchsorted(key, side="right"))
                 out += run_vals[max(lo, hi - self.cap) : hi].tolist()
-        out += self._mem.get(key, ())
+        out += self._mem_values(key)
         return sorted(out)
 
     def flush(self) -> None:
@@ -117,9 +144,9 @@ class SortedRunMultimap:
             kb, vb = _native.memtable_arrays(self._mem, self._mem_entries)
             keys, vals = np.frombuffer(kb, dtype=np.uint32), np.frombuffer(vb, dtype=np.uint32)
         else:
-            n, mem = self._mem_entries, self._mem
-            keys = np.fromiter((k for k, vs in mem.items() for _ in vs), np.uint32, count=n)
-            vals = np.fromiter((v for vs in mem.values() for v in vs), np.uint32, count=n)
+            n = self._mem_entries
+            keys = np.fromiter((k for k in self._mem for _ in self._mem_values(k)), np.uint32, n)
+            vals = np.fromiter((v for k in self._mem for v in self._mem_values(k)), np.uint32, n)
         self._mem.clear()
         self._mem_entries = 0
         order = np.argsort(keys, kind="stable")

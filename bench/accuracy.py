@@ -7,10 +7,11 @@ curve   P(drop | resemblance) measured on synthetic pairs against Broder's P_{k,
         (stream_dedup.core.theory.acceptance), per bucket of ρ from 0.5 to 1.0, plotted to
         bench/curve.png. Two kinds of pairs:
         - sets: two sets of n random 64-bit shingle fingerprints sharing exactly m, so
-          J = m / (2n − m) is known exactly; fed to Sketcher.sketch/features directly;
+          J = m / (2n − m) is known exactly; fed to Sketcher.sketch/features directly,
+          under every min-hash family (the default first);
         - texts: token-hash sequences (Zipf vocabulary) and a copy with random token
           substitutions, shingled by Sketcher.shingles (the engine's own shingle hashing),
-          J computed exactly on the two shingle sets.
+          J computed exactly on the two shingle sets; the default family.
         A pair is "dropped" when it shares ≥ r = 2 of the k = 6 features (what the index's
         candidates() asks for).
 real    Replays (Deduplicator.decide over each page's analysis, in order) of the httpbis drafts
@@ -56,7 +57,7 @@ from benchlib import table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.core import ldsig, theory  # noqa: E402
-from stream_dedup.core.sketch import Params, Sketcher  # noqa: E402
+from stream_dedup.core.sketch import FAMILIES, Params, Sketcher  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
 from stream_dedup.pipeline import Analysis, Analyzer, Deduplicator  # noqa: E402
 
@@ -150,9 +151,12 @@ def poisson_binomial_p(p: np.ndarray, observed: int) -> float:
 def filter_curve(per_bucket: int, png: Path, seed: int = 1) -> str:
     edges = [0.5 + 0.025 * i for i in range(21)]
     rng = np.random.default_rng(seed)
-    affine = Sketcher(Params())
-    mix = Sketcher(Params(family="mix64"))
-    kinds = ("sets, affine64", "sets, mix64", "texts, affine64")
+    default = Params().family
+    set_sketchers = {f"sets, {f}": Sketcher(Params(family=f))
+                     for f in (default, *(f for f in FAMILIES if f != default))}
+    text_kind = f"texts, {default}"
+    sketcher = set_sketchers[f"sets, {default}"]
+    kinds = (*set_sketchers, text_kind)
     buckets: dict[str, list[Bucket]] = {
         k: [Bucket(lo, hi, [], [], []) for lo, hi in zip(edges, edges[1:], strict=False)]
         for k in kinds
@@ -161,16 +165,16 @@ def filter_curve(per_bucket: int, png: Path, seed: int = 1) -> str:
     t0 = time.perf_counter()
     for bi, (lo, hi) in enumerate(zip(edges, edges[1:], strict=False)):
         for a, b, j in set_pairs(rng, lo, hi, per_bucket):
-            for name, sk in (("sets, affine64", affine), ("sets, mix64", mix)):
+            for name, sk in set_sketchers.items():
                 shared, res = _shared_features(sk, a, b)
                 buckets[name][bi].add(j, shared >= R, res)
         for _ in range(per_bucket):
-            a, b, j = texts.pair(affine, rng.uniform(lo, hi))
-            shared, res = _shared_features(affine, a, b)
+            a, b, j = texts.pair(sketcher, rng.uniform(lo, hi))
+            shared, res = _shared_features(sketcher, a, b)
             # bucket by the exact J (edits hit the target only roughly)
             idx = min(int((j - 0.5) / 0.025), len(edges) - 2)
             if idx >= 0:
-                buckets["texts, affine64"][idx].add(j, shared >= R, res)
+                buckets[text_kind][idx].add(j, shared >= R, res)
     elapsed = time.perf_counter() - t0
 
     rows = []
@@ -181,15 +185,17 @@ def filter_curve(per_bucket: int, png: Path, seed: int = 1) -> str:
         for name in kinds:
             n, mean_j, p_theory, measured, pval = buckets[name][bi].stats()
             total_pairs[name] += n
-            if name == "sets, affine64":
+            if name == kinds[0]:
                 row += [n, mean_j, p_theory]
             cells = [measured, _pval(pval)]
-            row += cells if name != "texts, affine64" else [n, p_theory, *cells]
+            row += cells if name != text_kind else [n, p_theory, *cells]
             if n:
                 worst[name] = min(worst.get(name, 1.0), pval)
         rows.append(row)
-    heads = ["ρ bucket", "pairs", "mean ρ", "P_{6,14,2} (theory)", "sets affine64",
-             "p", "sets mix64", "p", "text pairs", "P (theory)", "texts affine64", "p"]
+    heads = ["ρ bucket", "pairs", "mean ρ", "P_{6,14,2} (theory)"]
+    for name in set_sketchers:
+        heads += [name.replace(",", ""), "p"]
+    heads += ["text pairs", "P (theory)", text_kind.replace(",", ""), "p"]
     bias_rows = []
     for name in kinds:
         errs = np.concatenate([np.array(b.res_err) for b in buckets[name] if b.res_err])
@@ -227,13 +233,12 @@ def _plot(buckets: dict[str, list[Bucket]], png: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.plot(xs, [theory.acceptance(float(x), K, S, R) for x in xs], color="black",
             label="P_{6,14,2}(ρ) (theory)")
-    markers = {"sets, affine64": "o", "sets, mix64": "s", "texts, affine64": "^"}
-    for name, bl in buckets.items():
+    for (name, bl), marker in zip(buckets.items(), "osD^", strict=False):
         pts = [(np.mean(b.j), np.mean(b.drop), len(b.j)) for b in bl if b.j]
         x = np.array([p[0] for p in pts])
         y = np.array([p[1] for p in pts])
         err = np.sqrt(y * (1 - y) / np.array([p[2] for p in pts]))
-        ax.errorbar(x, y, yerr=2 * err, fmt=markers[name], ms=4, capsize=2, alpha=0.8,
+        ax.errorbar(x, y, yerr=2 * err, fmt=marker, ms=4, capsize=2, alpha=0.8,
                     label=f"measured: {name} (±2 s.e.)")
     ax.axvline(theory.half_point(K, S, R), color="grey", ls=":", lw=1)
     ax.set_xlabel("resemblance ρ (exact Jaccard of the shingle sets)")

@@ -27,7 +27,7 @@ class Settings:
     groups: int = 6
     group_size: int = 14
     seed: int = 0x5EED_D0C5
-    hash_family: str = "affine64"
+    hash_family: str = "affine32"
     boilerplate: bool = False
     # --- decision rule ---
     threshold: int = 2  # r: shared features that make a near-duplicate

@@ -53,13 +53,18 @@ def test_identical_text_gives_identical_features(words: list[str]) -> None:
         assert a.tolist() == b.tolist()
 
 
-def test_blocks_do_not_change_the_sketch() -> None:
-    sk = Sketcher(Params())
+@pytest.mark.parametrize("family", ["affine64", "affine32"])
+def test_blocks_do_not_change_the_sketch(family: str) -> None:
+    sk = Sketcher(Params(family=family))
     big = np.random.default_rng(3).integers(0, 2**63, size=20_000, dtype=np.uint64)
-    expected = np.min(
-        ((sk._a * big.reshape(1, -1) + sk._b) >> np.uint64(32)).astype(np.uint32), axis=1
-    )
-    assert sk.sketch(big).tolist() == expected.tolist()
+    x = big.reshape(1, -1)
+    if family == "affine64":
+        h = (sk._a * x + sk._b) >> np.uint64(32)
+    else:
+        low = np.uint64(0xFFFFFFFF)
+        h = ((sk._a & low) * (x >> np.uint64(32)) + (sk._b & low)) & low
+    expected = np.min(h.astype(np.uint32), axis=1)
+    assert sk.sketch(big).tolist() == sk.sketch_numpy(big).tolist() == expected.tolist()
 
 
 def test_features_depend_on_every_group_member_and_on_params() -> None:

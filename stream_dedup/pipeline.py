@@ -60,12 +60,16 @@ from .models import (
 )
 
 _U64_SPAN = float(1 << 64)
+_NO_FEATURES = np.zeros(0, dtype=np.uint64)  # a short page's (read only, like every array here)
+_NO_SKETCH = np.zeros(0, dtype=np.uint32)
 log = logging.getLogger("stream_dedup")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Analysis:
-    """What the pure stages compute for one page (picklable: crosses process pools)."""
+    """What the pure stages compute for one page (picklable: crosses process pools).
+    Never changed once made; not declared frozen only because a frozen dataclass costs
+    1.3 µs to build instead of 0.23, twice a page."""
 
     page: Page
     raw_fp: int
@@ -500,19 +504,12 @@ class Deduplicator:
                 a.page.url, "keep", reason, shared_features=shared, resemblance=resemblance,
                 ld_estimate=ld, short=short, source=a.page.source,
             )
-        empty = np.zeros(0, dtype=np.uint64)
-        page_id = self.index.insert(
-            StoredDoc(
-                url=a.page.url,
-                features=a.features if a.features is not None else empty,
-                sketch=a.sketch if a.sketch is not None else np.zeros(0, dtype=np.uint32),
-                ld_signature=a.ld_signature,
-                text_length=a.text_length,
-                raw_fp=a.raw_fp,
-                canonical_fp=a.canonical_fp,
-                fetched_at=a.page.fetched_at,
-            )
-        )
+        page_id = self.index.insert(StoredDoc(
+            a.page.url,
+            a.features if a.features is not None else _NO_FEATURES,
+            a.sketch if a.sketch is not None else _NO_SKETCH,
+            a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, a.page.fetched_at,
+        ))
         return Decision(
             a.page.url, "keep", reason, page_id=page_id, shared_features=shared,
             resemblance=resemblance, ld_estimate=ld, short=short, source=a.page.source,

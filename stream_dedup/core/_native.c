@@ -9,7 +9,7 @@
  *   minhash(shingles, a, b, fam)   k*s minima, top 32 bits
  *   ld_signature(cps, c, mult)     Coates' signature bytes
  *   sketch_page(...)               shingles, min-hashes, features and signature in one call
- *   run_postings(runs, keys, cap)  posting lists of keys in the memory index's sorted runs
+ *   multimap_get(runs, mem, k, cap) posting lists of keys in the memory index (runs, memtable)
  *   memtable_add / memtable_arrays the memory index's memtable: add a page, dump it sorted-ready
  *
  * The tree walk calls lexbor through the functions selectolax's own module exports (the
@@ -1101,60 +1101,6 @@ static Py_ssize_t bound32(const uint32_t *keys, Py_ssize_t n, uint32_t key, int 
     return lo;
 }
 
-/* run_postings(runs, keys uint64, cap) -> list[int]: for every (run_keys uint32, run_vals uint32)
- * in runs and every key (its low 32 bits), the last `cap` values stored under the key in that
- * run, all in one list. What SortedRunMultimap.get_many does with two searchsorted calls per
- * run and a Python loop per key. */
-static PyObject *run_postings(PyObject *self, PyObject *args) {
-    PyObject *runs;
-    Py_buffer q;
-    Py_ssize_t cap;
-    if (!PyArg_ParseTuple(args, "O!y*n", &PyList_Type, &runs, &q, &cap)) return NULL;
-    PyObject *out = PyList_New(0);
-    const uint64_t *keys = q.buf;
-    Py_ssize_t nq = q.len / 8;
-    for (Py_ssize_t r = 0; out != NULL && r < PyList_GET_SIZE(runs); r++) {
-        PyObject *run = PyList_GET_ITEM(runs, r);
-        Py_buffer kb, vb;
-        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
-            PyErr_SetString(PyExc_TypeError, "a run is a (keys, values) tuple");
-            Py_CLEAR(out);
-            break;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 0), &kb, PyBUF_C_CONTIGUOUS) < 0) {
-            Py_CLEAR(out);
-            break;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 1), &vb, PyBUF_C_CONTIGUOUS) < 0) {
-            PyBuffer_Release(&kb);
-            Py_CLEAR(out);
-            break;
-        }
-        const uint32_t *rk = kb.buf, *rv = vb.buf;
-        Py_ssize_t n = kb.len / 4 < vb.len / 4 ? kb.len / 4 : vb.len / 4;
-        for (Py_ssize_t i = 0; out != NULL && i < nq; i++) {
-            uint32_t key = (uint32_t)keys[i];
-            Py_ssize_t lo = bound32(rk, n, key, 0);
-            if (lo == n || rk[lo] != key) continue;
-            Py_ssize_t hi = bound32(rk + lo, n - lo, key, 1) + lo;
-            if (hi - lo > cap) lo = hi - cap;
-            for (Py_ssize_t j = lo; j < hi; j++) {
-                PyObject *v = PyLong_FromUnsignedLong(rv[j]);
-                if (v == NULL || PyList_Append(out, v) < 0) {
-                    Py_XDECREF(v);
-                    Py_CLEAR(out);
-                    break;
-                }
-                Py_DECREF(v);
-            }
-        }
-        PyBuffer_Release(&kb);
-        PyBuffer_Release(&vb);
-    }
-    PyBuffer_Release(&q);
-    return out;
-}
-
 /* The memtable maps a key's low 32 bits to its one value (an int: most keys are seen once, and
  * an int is no container for the garbage collector to track) or to a list of values, oldest
  * first, at most cap long. */
@@ -1267,6 +1213,77 @@ fail:
     return NULL;
 }
 
+/* Append the values of one key, found in every sorted run and then in the memtable, to out. */
+static int multimap_key(PyObject *runs, PyObject *mem, uint32_t key, Py_ssize_t cap, PyObject *out) {
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs); r++) {
+        PyObject *run = PyList_GET_ITEM(runs, r);
+        Py_buffer kb, vb;
+        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
+            PyErr_SetString(PyExc_TypeError, "a run is a (keys, values) tuple");
+            return -1;
+        }
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 0), &kb, PyBUF_C_CONTIGUOUS) < 0) return -1;
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 1), &vb, PyBUF_C_CONTIGUOUS) < 0) {
+            PyBuffer_Release(&kb);
+            return -1;
+        }
+        const uint32_t *rk = kb.buf, *rv = vb.buf;
+        Py_ssize_t n = kb.len / 4 < vb.len / 4 ? kb.len / 4 : vb.len / 4;
+        Py_ssize_t lo = bound32(rk, n, key, 0), hi = lo;
+        if (lo < n && rk[lo] == key) hi = bound32(rk + lo, n - lo, key, 1) + lo;
+        if (hi - lo > cap) lo = hi - cap;
+        int rc = 0;
+        for (Py_ssize_t j = lo; j < hi && rc == 0; j++) {
+            PyObject *v = PyLong_FromUnsignedLong(rv[j]);
+            rc = v == NULL ? -1 : PyList_Append(out, v);
+            Py_XDECREF(v);
+        }
+        PyBuffer_Release(&kb);
+        PyBuffer_Release(&vb);
+        if (rc < 0) return -1;
+    }
+    PyObject *k = PyLong_FromUnsignedLong(key);
+    if (k == NULL) return -1;
+    PyObject *bucket = PyDict_GetItemWithError(mem, k); /* borrowed */
+    Py_DECREF(k);
+    if (bucket == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyList_Check(bucket)) return PyList_Append(out, bucket);
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(bucket); j++)
+        if (PyList_Append(out, PyList_GET_ITEM(bucket, j)) < 0) return -1;
+    return 0;
+}
+
+/* multimap_get(runs, mem, keys, cap) -> list[int]: every value stored under the keys (a uint64
+ * buffer, or one int; their low 32 bits count): per key, the last `cap` of each run
+ * ((keys uint32, values uint32) sorted by key), then its memtable values. What
+ * SortedRunMultimap.get_many does in Python with two searchsorted calls per run. */
+static PyObject *multimap_get(PyObject *self, PyObject *args) {
+    PyObject *runs, *mem, *keys_obj;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
+                          &cap))
+        return NULL;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    int rc = 0;
+    if (PyLong_Check(keys_obj)) {
+        uint32_t key = (uint32_t)PyLong_AsUnsignedLongLongMask(keys_obj);
+        rc = PyErr_Occurred() ? -1 : multimap_key(runs, mem, key, cap, out);
+    } else {
+        Py_buffer q;
+        if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        const uint64_t *keys = q.buf;
+        for (Py_ssize_t i = 0; i < q.len / 8 && rc == 0; i++)
+            rc = multimap_key(runs, mem, (uint32_t)keys[i], cap, out);
+        PyBuffer_Release(&q);
+    }
+    if (rc < 0) Py_CLEAR(out);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"bind_lexbor", bind_lexbor, METH_VARARGS,
      "bind_lexbor(path, text_node_addr, text_tag_id, marker): bind the tree walk to the "
@@ -1289,9 +1306,9 @@ static PyMethodDef methods[] = {
     {"sketch_page", sketch_page, METH_VARARGS,
      "sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, "
      "ld_c, ld_mult) -> (sketch uint32 bytes, features uint64 bytes, LD signature bytes)"},
-    {"run_postings", run_postings, METH_VARARGS,
-     "run_postings(runs, keys, cap) -> list[int]: the last cap values of every key (low 32 bits "
-     "of the uint64 keys) in every (keys uint32, values uint32) run"},
+    {"multimap_get", multimap_get, METH_VARARGS,
+     "multimap_get(runs, mem, keys, cap) -> list[int]: the values of the keys (uint64 buffer or "
+     "int) in the sorted runs (the last cap per run) and the memtable"},
     {"memtable_add", memtable_add, METH_VARARGS,
      "memtable_add(mem, keys, value, cap, keep_first) -> entries added"},
     {"memtable_arrays", memtable_arrays, METH_VARARGS,

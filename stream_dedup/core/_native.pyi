@@ -4,6 +4,8 @@ from typing import Any
 import numpy as np
 
 _Buffer = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+_Run = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
+_Memtable = dict[int, int | list[int]]  # the memory index's memtable
 
 def bind_lexbor(path: str, text_node_addr: int, text_tag_id: int, marker: bytes) -> None: ...
 def visible_text(root_addr: int, drop_bitmap: _Buffer, break_bitmap: _Buffer) -> str: ...
@@ -19,12 +21,10 @@ def sketch_page(
     token_hashes: _Buffer, shingle_mult: _Buffer, a: _Buffer, b: _Buffer, family: int,
     groups: int, feature_seed: int, codepoints: _Buffer, ld_c: int, ld_mult: _Buffer,
 ) -> tuple[bytes, bytes, bytes]: ...
-_Run = tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
-
-def run_postings(runs: list[_Run], keys: _Buffer, cap: int) -> list[int]: ...
-_Memtable = dict[int, int | list[int]]
-
 def memtable_add(
     mem: _Memtable, keys: _Buffer | int, value: int, cap: int, keep_first: bool
 ) -> int: ...
 def memtable_arrays(mem: _Memtable, count: int) -> tuple[bytes, bytes]: ...
+def multimap_get(
+    runs: list[_Run], mem: _Memtable, keys: _Buffer | int, cap: int
+) -> list[int]: ...

@@ -13,7 +13,7 @@ each other.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -74,10 +74,12 @@ class FeatureIndex(Protocol):
     def close(self) -> None: ...
 
 
-def rank_candidates(page_ids: Iterable[int], min_shared: int) -> list[tuple[int, int]]:
+def rank_candidates(page_ids: list[int], min_shared: int) -> list[tuple[int, int]]:
     """Count how often each page id occurs among the posting lists of a page's features.
     (A Counter: the lists hold a few ids, at most k * max_posting, where numpy's unique and
     lexsort cost ~13 µs a page in fixed overhead.)"""
+    if not page_ids:  # most pages: nothing shared
+        return []
     hits = [(i, n) for i, n in Counter(page_ids).items() if n >= min_shared]
     hits.sort(key=_most_shared_first)
     return hits

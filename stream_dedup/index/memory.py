@@ -102,40 +102,32 @@ class SortedRunMultimap:
     def get_many(self, keys: np.ndarray) -> list[int]:
         """All stored values of all keys (uint64; a value may repeat across keys)."""
         keys = np.ascontiguousarray(keys, dtype=np.uint64)
-        if _native is not None:  # one call for every run (~1 µs instead of ~6 per run)
-            out = _native.run_postings(self._runs, keys, self.cap)
-        else:
-            out = []
-            low = (keys & np.uint64(_KEY_MASK)).astype(np.uint32)
-            for run_keys, run_vals in self._runs:
-                lo = np.searchsorted(run_keys, low, side="left")
-                hi = np.searchsorted(run_keys, low, side="right")
-                for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
-                    if b > a:
-                        out += run_vals[max(a, b - self.cap) : b].tolist()
-        mem = self._mem
-        for key in keys.tolist():
-            bucket = mem.get(key & _KEY_MASK)
-            if bucket is None:
-                continue
-            if isinstance(bucket, list):
-                out += bucket
-            else:
-                out.append(bucket)
+        if _native is not None:  # one call for every run and the memtable
+            return _native.multimap_get(self._runs, self._mem, keys, self.cap)
+        out: list[int] = []
+        low = (keys & np.uint64(_KEY_MASK)).astype(np.uint32)
+        for run_keys, run_vals in self._runs:
+            lo = np.searchsorted(run_keys, low, side="left")
+            hi = np.searchsorted(run_keys, low, side="right")
+            for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+                if b > a:
+                    out += run_vals[max(a, b - self.cap) : b].tolist()
+        for key in low.tolist():
+            out += self._mem_values(key)
         return out
 
     def values(self, key: int) -> list[int]:
-        """The stored values of one key, ascending (older runs hold older ids). One
-        search per run and a dict lookup: no arrays built for a single key."""
+        """The stored values of one key, ascending (older runs hold older ids)."""
         key &= _KEY_MASK
+        if _native is not None:
+            return sorted(_native.multimap_get(self._runs, self._mem, key, self.cap))
         out: list[int] = []
         for run_keys, run_vals in self._runs:
             lo = int(run_keys.searchsorted(key))
             if lo < run_keys.shape[0] and run_keys[lo] == key:
                 hi = int(run_keys.searchsorted(key, side="right"))
                 out += run_vals[max(lo, hi - self.cap) : hi].tolist()
-        out += self._mem_values(key)
-        return sorted(out)
+        return sorted(out + self._mem_values(key))
 
     def flush(self) -> None:
         if not self._mem:

@@ -67,6 +67,7 @@ from stream_dedup import Settings  # noqa: E402
 from stream_dedup.core import extract, ldsig  # noqa: E402
 from stream_dedup.core import tokens as toks  # noqa: E402
 from stream_dedup.core.decode import decode_html  # noqa: E402
+from stream_dedup.core.sketch import Sketcher  # noqa: E402
 from stream_dedup.core.tokens import Tokens  # noqa: E402
 from stream_dedup.index.base import CANONICAL, RAW, StoredDoc  # noqa: E402
 from stream_dedup.index.memory import MemoryIndex, SortedRunMultimap  # noqa: E402
@@ -463,7 +464,7 @@ def sketch_step_breakdown(corpora: dict[str, Sequence[Page]], passes: int) -> st
 
 
 def _sketch_steps(s: Settings, tokens: list[Tokens], passes: int) -> list[float]:
-    sk = Deduplicator(s).analyzer.sketcher
+    sk = Sketcher(s.params)
     shingles = [sk.shingles(t.hashes) for t in tokens]
     steps: list[Callable[[], object]] = [
         lambda: [sk.shingles(t.hashes) for t in tokens],

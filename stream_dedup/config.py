@@ -18,17 +18,18 @@ from .core.sketch import Params
 from .errors import ConfigError
 
 ENV_PREFIX = "STREAM_DEDUP_"
+_PARAMS = Params()  # the defaults of what a feature means are Params' own
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
     # --- what a feature means (stamped into the index) ---
-    shingle_words: int = 8
-    groups: int = 6
-    group_size: int = 14
-    seed: int = 0x5EED_D0C5
-    hash_family: str = "affine32"
-    boilerplate: bool = False
+    shingle_words: int = _PARAMS.shingle_words  # 8
+    groups: int = _PARAMS.groups  # k = 6
+    group_size: int = _PARAMS.group_size  # s = 14
+    seed: int = _PARAMS.seed
+    hash_family: str = _PARAMS.family  # affine32
+    boilerplate: bool = _PARAMS.boilerplate
     # --- decision rule ---
     threshold: int = 2  # r: shared features that make a near-duplicate
     min_shingles: int = 25  # below this, only the exact and canonical layers apply
@@ -46,8 +47,8 @@ class Settings:
     # ... with a stricter bar: the 84-hash estimate has a standard error of ~0.04, and on
     # the httpbis drafts 0.80 let 8 of 53 such drops with J8 0.775-0.8 through, 0.85 let 1 of 40.
     near_verified_min_resemblance: float = 0.85
-    ld_c: int = 32  # Coates' signature: one symbol per ~c characters (stamped into the index)
-    ld_n: int = 4  # ... over windows of n characters (stamped into the index)
+    ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
+    ld_n: int = _PARAMS.ld_n  # ... over windows of n (4) characters (stamped)
     # --- the Kafka service (`serve`) ---
     bootstrap_servers: str = "127.0.0.1:9092"
     input_topic: str = "pages"

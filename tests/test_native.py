@@ -3,6 +3,7 @@
 Every kernel must give exactly the values of the code it replaces: the same canonical code
 points and token hashes as `tokenize_numpy`, the same shingles and min-hashes as
 `Sketcher.shingles_numpy`/`sketch_numpy`, the same LD signatures as `signature_numpy`, the
+same (sketch, features, signature) from the one-call `Sketcher.page` as from those steps, the
 same visible text as the Python walk of `extract` (`extract.NATIVE_WALK = False`), and the
 same verdict on pathological nesting as the regex loop of `extract._too_deep`.
 Nothing here hard-codes an output: each test computes both sides.

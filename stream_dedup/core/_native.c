@@ -1,16 +1,17 @@
 /* Compiled kernels of the pure core: the same arithmetic as the numpy code in tokens.py,
  * sketch.py and ldsig.py (which stays as the reference the tests compare against), without
- * numpy's temporaries and Python calls per token.
+ * numpy's temporaries and Python calls per token; and the memory index's hot loops, whose
+ * Python twins are in index/memory.py (tests/test_index.py compares them).
  *
  *   visible_text(body, drop, brk)  walk of a lexbor tree parsed by selectolax
  *   tokenize(text, classes, keys)  canonical code points and one hash per token
  *   block_path(name=None)          which build of the tokenizer's ASCII block path runs
  *   shingles(hashes, mult)         w-token window fingerprints
- *   minhash(shingles, a, b, fam)   k*s minima, top 32 bits
+ *   minhash(shingles, a, b, fam)   k*s minima (32-bit values)
  *   ld_signature(cps, c, mult)     Coates' signature bytes
  *   sketch_page(...)               shingles, min-hashes, features and signature in one call
- *   multimap_get(runs, mem, k, cap) posting lists of keys in the memory index (runs, memtable)
- *   memtable_add / memtable_arrays the memory index's memtable: add a page, dump it sorted-ready
+ *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
+ *   memtable_add, memtable_arrays  the memory index's memtable: add a page; dump it for a run
  *
  * The tree walk calls lexbor through the functions selectolax's own module exports (the
  * "_noi" accessors lexbor provides for bindings), bound once by bind_lexbor(). Where a text
@@ -1213,35 +1214,42 @@ fail:
     return NULL;
 }
 
-/* Append the values of one key, found in every sorted run and then in the memtable, to out. */
-static int multimap_key(PyObject *runs, PyObject *mem, uint32_t key, Py_ssize_t cap, PyObject *out) {
-    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs); r++) {
-        PyObject *run = PyList_GET_ITEM(runs, r);
-        Py_buffer kb, vb;
-        if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
-            PyErr_SetString(PyExc_TypeError, "a run is a (keys, values) tuple");
-            return -1;
-        }
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 0), &kb, PyBUF_C_CONTIGUOUS) < 0) return -1;
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 1), &vb, PyBUF_C_CONTIGUOUS) < 0) {
-            PyBuffer_Release(&kb);
-            return -1;
-        }
-        const uint32_t *rk = kb.buf, *rv = vb.buf;
-        Py_ssize_t n = kb.len / 4 < vb.len / 4 ? kb.len / 4 : vb.len / 4;
-        Py_ssize_t lo = bound32(rk, n, key, 0), hi = lo;
-        if (lo < n && rk[lo] == key) hi = bound32(rk + lo, n - lo, key, 1) + lo;
+/* Append the values stored in one sorted run (keys uint32 ascending, values uint32) under each
+ * of the nq keys to out: the last `cap` of each key. */
+static int run_values(PyObject *run, const uint64_t *keys, Py_ssize_t nq, Py_ssize_t cap,
+                      PyObject *out) {
+    Py_buffer kb, vb;
+    if (!PyTuple_Check(run) || PyTuple_GET_SIZE(run) != 2) {
+        PyErr_SetString(PyExc_TypeError, "a run is a (keys, values) tuple");
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 0), &kb, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(run, 1), &vb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&kb);
+        return -1;
+    }
+    const uint32_t *rk = kb.buf, *rv = vb.buf;
+    Py_ssize_t n = kb.len / 4 < vb.len / 4 ? kb.len / 4 : vb.len / 4;
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < nq && rc == 0; i++) {
+        uint32_t key = (uint32_t)keys[i];
+        Py_ssize_t lo = bound32(rk, n, key, 0);
+        if (lo == n || rk[lo] != key) continue;
+        Py_ssize_t hi = bound32(rk + lo, n - lo, key, 1) + lo;
         if (hi - lo > cap) lo = hi - cap;
-        int rc = 0;
         for (Py_ssize_t j = lo; j < hi && rc == 0; j++) {
             PyObject *v = PyLong_FromUnsignedLong(rv[j]);
             rc = v == NULL ? -1 : PyList_Append(out, v);
             Py_XDECREF(v);
         }
-        PyBuffer_Release(&kb);
-        PyBuffer_Release(&vb);
-        if (rc < 0) return -1;
     }
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&vb);
+    return rc;
+}
+
+/* Append the memtable's values of one key (an int, or a list of them) to out. */
+static int memtable_values(PyObject *mem, uint32_t key, PyObject *out) {
     PyObject *k = PyLong_FromUnsignedLong(key);
     if (k == NULL) return -1;
     PyObject *bucket = PyDict_GetItemWithError(mem, k); /* borrowed */
@@ -1254,32 +1262,34 @@ static int multimap_key(PyObject *runs, PyObject *mem, uint32_t key, Py_ssize_t 
 }
 
 /* multimap_get(runs, mem, keys, cap) -> list[int]: every value stored under the keys (a uint64
- * buffer, or one int; their low 32 bits count): per key, the last `cap` of each run
- * ((keys uint32, values uint32) sorted by key), then its memtable values. What
- * SortedRunMultimap.get_many does in Python with two searchsorted calls per run. */
+ * buffer, or one int; their low 32 bits count): the last `cap` of each key in each run, then
+ * its memtable values. What SortedRunMultimap.get_many does in Python with two searchsorted
+ * calls per run. */
 static PyObject *multimap_get(PyObject *self, PyObject *args) {
     PyObject *runs, *mem, *keys_obj;
     Py_ssize_t cap;
     if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
                           &cap))
         return NULL;
-    PyObject *out = PyList_New(0);
-    if (out == NULL) return NULL;
-    int rc = 0;
+    uint64_t one;
+    Py_buffer q = {0};
+    const uint64_t *keys = &one;
+    Py_ssize_t nq = 1;
     if (PyLong_Check(keys_obj)) {
-        uint32_t key = (uint32_t)PyLong_AsUnsignedLongLongMask(keys_obj);
-        rc = PyErr_Occurred() ? -1 : multimap_key(runs, mem, key, cap, out);
+        one = PyLong_AsUnsignedLongLongMask(keys_obj);
+        if (PyErr_Occurred()) return NULL;
     } else {
-        Py_buffer q;
-        if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        const uint64_t *keys = q.buf;
-        for (Py_ssize_t i = 0; i < q.len / 8 && rc == 0; i++)
-            rc = multimap_key(runs, mem, (uint32_t)keys[i], cap, out);
-        PyBuffer_Release(&q);
+        if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        keys = q.buf;
+        nq = q.len / 8;
     }
+    PyObject *out = PyList_New(0);
+    int rc = out == NULL ? -1 : 0;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && rc == 0; r++)
+        rc = run_values(PyList_GET_ITEM(runs, r), keys, nq, cap, out);
+    for (Py_ssize_t i = 0; i < nq && rc == 0; i++)
+        rc = memtable_values(mem, (uint32_t)keys[i], out);
+    if (q.obj != NULL) PyBuffer_Release(&q);
     if (rc < 0) Py_CLEAR(out);
     return out;
 }

@@ -117,7 +117,7 @@ class Sketcher:
     ) -> tuple[np.ndarray, np.ndarray, bytes]:
         """(sketch, features, LD signature) of a page's tokens and canonical code points:
         `features(sketch(shingles(token_hashes)))` and `ldsig.signature(codepoints, ld_c,
-        ld_n)`, in one kernel call (the Python between the steps cost ~5 µs a page)."""
+        ld_n)`, in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl)."""
         p = self.params
         if _native is None:
             sk = self.sketch(self.shingles(token_hashes))

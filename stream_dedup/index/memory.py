@@ -118,16 +118,9 @@ class SortedRunMultimap:
 
     def values(self, key: int) -> list[int]:
         """The stored values of one key, ascending (older runs hold older ids)."""
-        key &= _KEY_MASK
-        if _native is not None:
+        if _native is not None:  # no array built for one key
             return sorted(_native.multimap_get(self._runs, self._mem, key, self.cap))
-        out: list[int] = []
-        for run_keys, run_vals in self._runs:
-            lo = int(run_keys.searchsorted(key))
-            if lo < run_keys.shape[0] and run_keys[lo] == key:
-                hi = int(run_keys.searchsorted(key, side="right"))
-                out += run_vals[max(lo, hi - self.cap) : hi].tolist()
-        return sorted(out + self._mem_values(key))
+        return sorted(self.get_many(np.array([key & _KEY_MASK], dtype=np.uint64)))
 
     def flush(self) -> None:
         if not self._mem:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -16,6 +17,8 @@ from typing import Any
 
 from .core.sketch import Params
 from .errors import ConfigError
+
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 ENV_PREFIX = "STREAM_DEDUP_"
 _PARAMS = Params()  # the defaults of what a feature means are Params' own
@@ -116,6 +119,11 @@ class Settings:
             raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
             raise ConfigError("input, decisions and dead-letter topics must be named")
+        for topic in (self.input_topic, self.decisions_topic, self.kept_topic,
+                      self.dead_letter_topic):
+            if topic and (not _TOPIC.fullmatch(topic) or topic in (".", "..")):
+                raise ConfigError(f"{topic!r} is not a valid Kafka topic name (1-249 of "
+                                  "a-z A-Z 0-9 . _ -)")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
         if self.stall_seconds <= 0:

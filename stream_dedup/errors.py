@@ -4,6 +4,7 @@
     ├── ConfigError                  bad settings (never retriable)
     ├── IndexMismatchError           an index built with other sketch parameters
     ├── IndexStoreError              index directory missing/corrupt/unwritable
+    ├── KafkaDeliveryError           Kafka refused an operation for good (not retriable)
     └── PageError                    one bad input page; becomes a `reject` decision
                                      (`kind` is the decision's reason, e.g. "bad-json")
 
@@ -31,6 +32,12 @@ class IndexMismatchError(StreamDedupError):
 class IndexStoreError(StreamDedupError):
     """The index directory is missing, not an index, corrupt, or cannot be written (disk
     full). Nothing is overwritten; the service stops with a non-zero exit."""
+
+
+class KafkaDeliveryError(StreamDedupError):
+    """Kafka refused an operation in a way retrying cannot fix (not authorized, an invalid
+    topic name, an unsupported broker): the service stops with this message, and nothing
+    after the last commit is committed. Retriable errors never become this."""
 
 
 class PageError(StreamDedupError):

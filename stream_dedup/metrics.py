@@ -52,7 +52,8 @@ from .pipeline import Deduplicator, StageTimes, verify_outcome
 
 STAGES = ("canonicalize", "sketch", "index", "verify")
 OUTCOMES = ("confirmed", "overturned", "unsampled")
-KAFKA_OPERATIONS = ("connect", "produce", "commit")
+KAFKA_OPERATIONS = ("connect", "metadata", "fetch", "produce", "commit")
+OUTPUTS = ("decision", "kept", "dead-letter")
 # Seconds. Stages take tens of microseconds (index) to tens of milliseconds (large pages).
 STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 1.0)
@@ -128,6 +129,12 @@ class Metrics:
                                     "(each is retried with backoff)", ["operation"], registry=r)
         self.dead_letters = Counter("stream_dedup_kafka_dead_letters", "Records sent to the "
                                     "dead-letter topic (acknowledged)", registry=r)
+        self.reduced = Counter("stream_dedup_kafka_reduced_outputs", "Outputs larger than "
+                               "their topic accepts, sent reduced (a decision without the "
+                               "long fields, a reference instead of the kept page, a "
+                               "truncated dead letter)", ["output"], registry=r)
+        self.log_dropped = Counter("stream_dedup_log_lines_dropped", "Repeated Kafka client "
+                                   "log lines dropped by the rate limit", registry=r)
         # --- progress --------------------------------------------------------------------
         self.batches = Counter("stream_dedup_batches", "Batches decided and delivered "
                                "(committed, for the Kafka service)", registry=r)
@@ -146,6 +153,8 @@ class Metrics:
         self._since_consume = self.latency.labels("consume")
         for op in KAFKA_OPERATIONS:
             self.kafka_errors.labels(op)
+        for output in OUTPUTS:
+            self.reduced.labels(output)
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),

@@ -94,4 +94,9 @@ class Decision:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        """One line of JSON, always valid UTF-8 when encoded: a lone surrogate that came in
+        with the input (an error message may quote it) becomes "?"."""
+        text = json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        if not text.isascii():
+            text = text.encode("utf-8", "replace").decode("utf-8")
+        return text

@@ -11,9 +11,22 @@ For every batch of consumed records, in this order:
   5. wait until the broker has acknowledged every one of those sends;
   6. only then commit, per partition, the offset after the batch's last record.
 A crash anywhere before 6 means the batch is consumed again: outputs may repeat, nothing is
-lost. A send that fails is retried with backoff (the batch is not committed until it goes
-through). A rebalance waits for the batch in flight (steps 3-6 hold a lock that the revoke
+lost. A rebalance waits for the batch in flight (steps 3-6 hold a lock that the revoke
 callback takes), so partitions are handed over committed.
+
+Errors, by aiokafka's `retriable` flag (timeouts and lost connections count as retriable):
+- a retriable one is retried with backoff; a send resends only the messages that were not
+  acknowledged, so a long outage does not multiply the outputs;
+- a message larger than its topic accepts is never sent: sinks/kafka.py reduces it first,
+  against the limits read at start (and again, to the minimum, if the broker still refuses);
+- any other error stops the service with a KafkaDeliveryError that names it; a commit
+  refused because the group rebalanced is not an error (the new owner gets the records);
+- a record that cannot become a page is a reject (sources/kafka.py never raises), and a
+  page whose deciding raises an unexpected error becomes an `internal-error` reject: one
+  record never stops the stream.
+Stop (SIGTERM/SIGINT) finishes the batch in flight if the broker takes it within
+STOP_GRACE_S, else abandons it uncommitted (it is delivered again), so a stop never waits on
+a broker that is down.
 
 Metrics (metrics.py): consumer lag per partition after every poll, commit latency, failed
 Kafka operations, dead letters, and page -> decision latency once a batch's outputs are
@@ -23,23 +36,38 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import IllegalStateError, KafkaError
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalGenerationError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    MessageSizeTooLargeError,
+    RebalanceInProgressError,
+    RecordTooLargeError,
+    UnknownMemberIdError,
+)
 
 from .config import Settings
+from .errors import KafkaDeliveryError, StreamDedupError
+from .kafka_client import Limits
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator
+from .sinks.kafka import Message, Topics, as_record, messages_for
 from .sources.kafka import page_from_message, source_of
 
 log = logging.getLogger("stream_dedup.runner")
@@ -47,6 +75,22 @@ log = logging.getLogger("stream_dedup.runner")
 MAX_BACKOFF_S = 30.0
 EXPIRY_EVERY_S = 60.0
 POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
+STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
+# A commit refused because the group moved on: the records go to their new owner.
+REBALANCED = (CommitFailedError, IllegalStateError, RebalanceInProgressError,
+              UnknownMemberIdError, IllegalGenerationError)
+TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+T = TypeVar("T")
+
+
+class Abandoned(Exception):
+    """A stop came while Kafka could not take the batch in flight: it stays uncommitted."""
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """aiokafka's own flag, plus timeouts and lost connections (which it leaves unflagged)."""
+    return bool(getattr(exc, "retriable", False)) or isinstance(
+        exc, KafkaTimeoutError | KafkaConnectionError)
 
 
 @dataclass
@@ -55,13 +99,15 @@ class RunStats:
     records: int = 0
     committed: int = 0
     send_retries: int = 0
+    abandoned: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
 
 
-async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.Event,
-                failed: Callable[[KafkaError], None] | None = None) -> Any:
+async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event,
+                failed: Callable[[KafkaError], None] | None = None) -> T:
     """Run `attempt` until it succeeds, with exponential backoff, logging (and telling
-    `failed` about) every failure. Gives up only when `stop` is set (re-raising the error)."""
+    `failed` about) every failure. A non-retriable error is raised as it is; a stop during
+    the backoff raises Abandoned."""
     delay = 0.5
     while True:
         try:
@@ -69,15 +115,39 @@ async def retry(what: str, attempt: Callable[[], Awaitable[Any]], stop: asyncio.
         except KafkaError as exc:
             if failed is not None:
                 failed(exc)
-            if stop.is_set():
+            if not is_retriable(exc):
                 raise
+            if stop.is_set():
+                raise Abandoned(what) from exc
             log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__,
                         exc, delay)
-            try:
-                await asyncio.wait_for(stop.wait(), timeout=delay)
-            except TimeoutError:
-                pass
+            await _pause(stop, delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep, cut short by a stop."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def within_grace(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
+    """Run `work`; once `stop` is set it has STOP_GRACE_S more, then it is cancelled and
+    Abandoned is raised."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise Abandoned("stopped while the broker did not answer")
+        return task.result()
+    finally:
+        stopping.cancel()
 
 
 class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -117,6 +187,8 @@ class Runner:
         producer: AIOKafkaProducer,
         pool: Executor | None = None,
         metrics: Metrics | None = None,
+        limits: Limits | None = None,
+        new_producer: Callable[[], Awaitable[AIOKafkaProducer]] | None = None,
     ) -> None:
         self.settings = settings
         self.dedup = dedup
@@ -124,6 +196,12 @@ class Runner:
         self.producer = producer
         self.pool = pool
         self.metrics = metrics or Metrics(settings, process=False)
+        self.limits = limits or Limits()
+        # A producer that hit a non-retriable error (its idempotent sequence numbers may no
+        # longer match the broker's) is replaced by a new one before anything is resent.
+        self.new_producer = new_producer
+        self.topics = Topics(settings.decisions_topic, settings.kept_topic,
+                             settings.dead_letter_topic)
         self.stats = RunStats()
         self.lock = asyncio.Lock()
         self.listener = _FinishBeforeRevoke(self.lock, self.metrics, self)
@@ -133,11 +211,24 @@ class Runner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process batches until `stop` is set; the batch in flight is always finished."""
+        fetch_delay = 0.5
         try:
             while not stop.is_set():
-                fetched = await self.consumer.getmany(
-                    timeout_ms=500, max_records=self.settings.batch_size
-                )
+                try:
+                    fetched = await self.consumer.getmany(
+                        timeout_ms=500, max_records=self.settings.batch_size
+                    )
+                except KafkaError as exc:
+                    self.metrics.kafka_error("fetch")
+                    if not is_retriable(exc):
+                        raise KafkaDeliveryError(f"fetching records: {type(exc).__name__}: "
+                                                 f"{exc}") from exc
+                    log.warning("fetching records failed (%s: %s); retrying in %.1f s",
+                                type(exc).__name__, exc, fetch_delay)
+                    await _pause(stop, fetch_delay)
+                    fetch_delay = min(fetch_delay * 2, MAX_BACKOFF_S)
+                    continue
+                fetch_delay = 0.5
                 received = time.time()
                 if fetched:
                     async with self.lock:
@@ -164,23 +255,39 @@ class Runner:
         loop = asyncio.get_running_loop()
         items, decisions = await loop.run_in_executor(self._thread, self._decide, batch)
         m = self.metrics
-        await retry("sending a batch's outputs", lambda: self._send(batch, items, decisions),
-                    stop, lambda _: m.kafka_error("produce"))
-        sent = time.time()
-        m.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
-        if self.stats.batches + 1 == self.settings.fault_exit_before_commit:
-            log.error("fault injection: exiting before committing batch %d", self.stats.batches + 1)
-            os._exit(70)
-        offsets: dict[TopicPartition, int] = {}
-        for tp, rec in batch:
-            offsets[tp] = max(offsets.get(tp, 0), rec.offset + 1)
-        # The index (its pages and these offsets, atomically) before the group's commit:
-        # after a crash between the two, the service resumes from the index's offsets.
-        await loop.run_in_executor(self._thread, self.dedup.commit,
-                                   {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()})
-        started = time.perf_counter()
-        await retry("committing offsets", lambda: self.consumer.commit(offsets), stop,
-                    lambda _: m.kafka_error("commit"))
+        messages: list[Message] = []
+        for (_, rec), item, d in zip(batch, items, decisions, strict=True):
+            for_record, reduced = messages_for(as_record(rec), item, d, self.topics,
+                                               self.limits.of)
+            messages += for_record
+            for output in reduced:
+                m.reduced.labels(output).inc()
+                log.warning("%s: the %s for this record is larger than its topic accepts; "
+                            "sent reduced", item.source, output)
+        try:
+            await within_grace(self._deliver(messages, stop), stop)
+            sent = time.time()
+            m.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
+            if self.stats.batches + 1 == self.settings.fault_exit_before_commit:
+                log.error("fault injection: exiting before committing batch %d",
+                          self.stats.batches + 1)
+                os._exit(70)
+            offsets: dict[TopicPartition, int] = {}
+            for tp, rec in batch:
+                offsets[tp] = max(offsets.get(tp, 0), rec.offset + 1)
+            # The index (its pages and these offsets, atomically) before the group's commit:
+            # after a crash between the two, the service resumes from the index's offsets.
+            await loop.run_in_executor(
+                self._thread, self.dedup.commit,
+                {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()})
+            started = time.perf_counter()
+            await within_grace(self._commit(offsets, stop), stop)
+        except Abandoned:
+            log.warning("stopping: the broker did not take a batch of %d records within %.0f s"
+                        " of the stop; it is not committed and will be delivered again",
+                        len(batch), STOP_GRACE_S)
+            self.stats.abandoned += len(batch)
+            return
         m.commit_seconds.observe(time.perf_counter() - started)
         m.decided(items, sent if received is None else received, sent)
         m.progress()
@@ -219,13 +326,96 @@ class Runner:
             if tp in self.consumer.assignment():  # a revoke meanwhile forgot its lag
                 self.metrics.consumer_lag(tp.topic, tp.partition, max(0, highwater - position))
 
+    async def _commit(self, offsets: dict[TopicPartition, int], stop: asyncio.Event) -> None:
+        try:
+            await retry("committing offsets", lambda: self.consumer.commit(offsets), stop,
+                        lambda _: self.metrics.kafka_error("commit"))
+        except REBALANCED as exc:
+            log.warning("commit refused (%s): the group rebalanced; the new owner of these "
+                        "partitions gets their records again", type(exc).__name__)
+        except KafkaError as exc:
+            raise KafkaDeliveryError(f"committing offsets: {type(exc).__name__}: {exc}") from exc
+
+    async def _deliver(self, messages: list[Message], stop: asyncio.Event) -> None:
+        """Send every message until the broker acknowledged each: only the ones that failed
+        are sent again, after a backoff; one still too large is cut to its minimum."""
+        pending, delay = messages, 0.5
+        while pending:
+            failed = await self._attempt(pending)
+            if not failed:
+                return
+            self.metrics.kafka_error("produce")
+            again: list[Message] = []
+            renew = False
+            for msg, exc in failed:
+                if isinstance(exc, TOO_LARGE):  # a limit lowered since start
+                    again.append(messages_for_minimum(msg))
+                    self.metrics.reduced.labels(msg.output).inc()
+                    renew = True
+                elif is_retriable(exc):
+                    again.append(msg)
+                else:
+                    raise KafkaDeliveryError(f"sending to {msg.topic}: {type(exc).__name__}: "
+                                             f"{exc}") from exc
+            if renew and self.new_producer is not None:
+                old, self.producer = self.producer, await self.new_producer()
+                asyncio.ensure_future(old.stop())
+            if stop.is_set():
+                raise Abandoned("sending")
+            exc = failed[0][1]
+            log.warning("%d of %d messages not acknowledged (%s: %s); sending them again in "
+                        "%.1f s", len(failed), len(pending), type(exc).__name__, exc, delay)
+            self.stats.send_retries += 1
+            await _pause(stop, delay)
+            delay = min(delay * 2, MAX_BACKOFF_S)
+            pending = again
+
+    async def _attempt(self, messages: list[Message]) -> list[tuple[Message, BaseException]]:
+        """Send once; the messages that failed, with why. After one send that could not even
+        be queued (the broker's metadata is unreachable) the rest are not tried."""
+        queued: list[tuple[Message, asyncio.Future[Any]]] = []
+        failed: list[tuple[Message, BaseException]] = []
+        for i, msg in enumerate(messages):
+            try:
+                ack = await self.producer.send(msg.topic, msg.value, key=msg.key,
+                                               headers=list(msg.headers))
+            except KafkaError as exc:
+                failed += [(later, exc) for later in messages[i:]]
+                break
+            queued.append((msg, ack))
+        results = await asyncio.gather(*(ack for _, ack in queued), return_exceptions=True)
+        failed += [(msg, r) for (msg, _), r in zip(queued, results, strict=True)
+                   if isinstance(r, BaseException)]
+        return failed
+
     def _decide(
         self, batch: list[tuple[TopicPartition, ConsumerRecord]]
     ) -> tuple[list[Page | Rejected], list[Decision]]:
         """Records -> pages -> decisions, in the decide thread: JSON and base64 decoding
         (about a tenth of the work) stay off the event loop too."""
         items = [self._item(rec) for _, rec in batch]
-        return items, self.dedup.check_batch(items, self.pool)
+        try:
+            return items, self.dedup.check_batch(items, self.pool)
+        except StreamDedupError:
+            raise  # the index cannot be written: stop (nothing more is committed)
+        except Exception:
+            log.exception("deciding a batch of %d raised; deciding its pages one at a time",
+                          len(items))
+        decisions = []
+        for i, item in enumerate(items):
+            try:
+                decisions.append(self.dedup.reject(item) if isinstance(item, Rejected)
+                                 else self.dedup.check(item))
+            except StreamDedupError:
+                raise
+            except Exception as exc:
+                log.exception("%s: deciding this page raised; it goes to the dead-letter "
+                              "topic", item.source)
+                items[i] = Rejected(item.url, "internal-error",
+                                    f"deciding raised {type(exc).__name__}: {exc}"[:1000],
+                                    item.source, getattr(item, "body", None))
+                decisions.append(self.dedup.reject(items[i]))
+        return items, decisions
 
     def _item(self, rec: ConsumerRecord) -> Page | Rejected:
         return page_from_message(
@@ -234,37 +424,10 @@ class Runner:
             input_format=self.settings.input_format, max_bytes=self.settings.max_page_bytes,
         )
 
-    async def _send(
-        self,
-        batch: list[tuple[TopicPartition, ConsumerRecord]],
-        items: list[Page | Rejected],
-        decisions: list[Decision],
-    ) -> None:
-        s = self.settings
-        acks: list[asyncio.Future[Any]] = []
-        for (_, rec), item, d in zip(batch, items, decisions, strict=True):
-            key = (d.url or "").encode("utf-8") or rec.key
-            acks.append(await self.producer.send(s.decisions_topic, d.to_json().encode(), key=key))
-            if d.decision == "keep" and s.kept_topic:
-                acks.append(await self.producer.send(
-                    s.kept_topic, rec.value, key=rec.key, headers=list(rec.headers or ())))
-            elif d.decision == "reject":
-                assert isinstance(item, Rejected)
-                acks.append(await self.producer.send(
-                    s.dead_letter_topic, (rec.value or b"")[:DEAD_LETTER_MAX], key=rec.key,
-                    headers=[*(rec.headers or ()), *_error_headers(item)]))
-        await asyncio.gather(*acks)
 
-
-DEAD_LETTER_MAX = 900_000  # stays under the broker's default message.max.bytes (~1 MB)
-
-
-def _error_headers(item: Rejected) -> list[tuple[str, bytes]]:
-    headers = [
-        ("stream-dedup-error", item.kind.encode()),
-        ("stream-dedup-message", item.message.encode("utf-8", "replace")[:4096]),
-        ("stream-dedup-source", (item.source or "").encode()),
-    ]
-    if item.raw is not None and len(item.raw) > DEAD_LETTER_MAX:
-        headers.append(("stream-dedup-truncated", str(len(item.raw)).encode()))
-    return headers
+def messages_for_minimum(msg: Message) -> Message:
+    """A message the broker still refuses as too large (its limit was lowered after start):
+    no value and no headers but a note, so it always fits."""
+    note = (("stream-dedup-error", b"too-large"),
+            ("stream-dedup-message", f"refused by the broker at {msg.size()} bytes".encode()))
+    return Message(msg.output, msg.topic, b"", (msg.key or b"")[:256], note)

@@ -20,42 +20,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from .config import Settings
 from .errors import StreamDedupError
 from .http.app import ApiState, Check, build_app
+from .kafka_client import (
+    make_consumer,
+    make_producer,
+    quiet_aiokafka_logs,
+    read_limits,
+    stop_within,
+)
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
-from .runner import Runner, retry
+from .runner import Abandoned, Runner, retry
 
 log = logging.getLogger("stream_dedup.service")
 
 PROBE_TIMEOUT_S = 3.0  # /readyz: how long a metadata request may take
-
-
-def consumer_kwargs(s: Settings) -> dict[str, Any]:
-    return {
-        "bootstrap_servers": s.bootstrap_servers,
-        "group_id": s.group_id,
-        "enable_auto_commit": False,  # offsets are committed by the runner, after the acks
-        "auto_offset_reset": "earliest",
-        "max_partition_fetch_bytes": max(1_048_576, s.max_page_bytes + 65_536),
-        "fetch_max_bytes": 64 * 1024 * 1024,
-        "isolation_level": "read_committed",
-    }
-
-
-def producer_kwargs(s: Settings) -> dict[str, Any]:
-    return {
-        "bootstrap_servers": s.bootstrap_servers,
-        "acks": "all",
-        "enable_idempotence": True,  # retries inside the client do not duplicate
-        "linger_ms": 5,
-        "max_request_size": 2 * 1024 * 1024,
-        "compression_type": None,
-    }
+CLOSE_TIMEOUT_S = 3.0  # closing the clients may wait this long on a broker that is down
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
@@ -126,9 +111,19 @@ class Service:
             return 2
         self.api.dedup = dedup
         pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
-        consumer = AIOKafkaConsumer(**consumer_kwargs(settings))
-        producer = AIOKafkaProducer(**producer_kwargs(settings))
-        runner = self.runner = Runner(settings, dedup, consumer, producer, pool, self.metrics)
+        m = self.metrics
+        self.log_limiter = quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
+        consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
+        producer = make_producer(settings, lambda: m.kafka_error("metadata"))
+
+        async def new_producer() -> AIOKafkaProducer:
+            fresh = make_producer(settings, lambda: m.kafka_error("metadata"))
+            await retry("restarting the producer", fresh.start, stop,
+                        lambda _: m.kafka_error("connect"))
+            return fresh
+
+        runner = self.runner = Runner(settings, dedup, consumer, producer, pool, m,
+                                      new_producer=new_producer)
         consumer.subscribe([settings.input_topic], listener=runner.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
@@ -138,12 +133,16 @@ class Service:
         try:
             for name, client in (("producer", producer), ("consumer", consumer)):
                 await retry(f"connecting the {name} to {settings.bootstrap_servers}",
-                            client.start, stop, lambda _: self.metrics.kafka_error("connect"))
+                            client.start, stop, lambda _: m.kafka_error("connect"))
                 started.append(client)
             self.connected = True
+            runner.limits = await read_limits(settings, self._output_topics())
+            self._warn_about_limits(runner)
             log.info("connected; consuming")
             await runner.run(stop)
-        except StreamDedupError as exc:  # e.g. the index cannot be written (disk full)
+        except Abandoned:
+            log.info("stopped before the broker answered")
+        except (StreamDedupError, KafkaError) as exc:  # disk full, a non-retriable Kafka error
             log.error("stopping: %s (nothing after the last commit was committed)", exc)
             return 1
         except Exception:
@@ -152,17 +151,38 @@ class Service:
                 return 1
         finally:
             self.connected = False
-            for client in reversed(started):
-                if client is producer:
-                    await producer.flush()
-                await client.stop()
+            await asyncio.gather(*(
+                stop_within(runner.producer if client is producer else client, CLOSE_TIMEOUT_S)
+                for client in started))
             if pool is not None:
                 pool.shutdown()
             await asyncio.to_thread(dedup.close)
             s = runner.stats
-            log.info("stopped after %d records in %d batches (all committed); decisions: %s",
-                     s.records, s.batches, s.decisions)
+            log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",
+                     s.records, s.batches, f"; {s.abandoned} records of the batch in flight "
+                     "were not, and will be delivered again" if s.abandoned else "", s.decisions)
         return 0
+
+    def _output_topics(self) -> list[str]:
+        s = self.settings
+        return [t for t in (s.decisions_topic, s.kept_topic, s.dead_letter_topic) if t]
+
+    def _warn_about_limits(self, runner: Runner) -> None:
+        """Say at start what the broker's limits mean for the largest pages accepted."""
+        s, limits = self.settings, runner.limits
+        log.info("largest message the broker accepts: %d bytes (%s)", limits.broker,
+                 ", ".join(f"{t}: {limits.of(t)}" for t in self._output_topics()))
+        if s.kept_topic and s.max_page_bytes > limits.of(s.kept_topic):
+            log.warning("max_page_bytes=%d is larger than the kept topic %s accepts (%d "
+                        "bytes): a kept page above that goes to %s as a reference to its "
+                        "input offset (header stream-dedup-ref), not as a copy; raise the "
+                        "topic's max.message.bytes or lower --max-page-bytes", s.max_page_bytes,
+                        s.kept_topic, limits.of(s.kept_topic), s.kept_topic)
+        if s.max_page_bytes > limits.of(s.dead_letter_topic):
+            log.warning("max_page_bytes=%d is larger than the dead-letter topic %s accepts "
+                        "(%d bytes): a rejected record above that is sent truncated (header "
+                        "stream-dedup-truncated)", s.max_page_bytes, s.dead_letter_topic,
+                        limits.of(s.dead_letter_topic))
 
     async def probe_broker(self) -> Check:
         """Reachable = connected, and a metadata request answered within PROBE_TIMEOUT_S."""
@@ -207,7 +227,7 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
     from .sources.files import iter_inputs
     from .sources.warc import SourceStats
 
-    producer = AIOKafkaProducer(**producer_kwargs(settings))
+    producer = make_producer(settings, lambda: None)
     stop = asyncio.Event()
     await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop)
     sent = skipped = 0

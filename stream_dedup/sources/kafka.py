@@ -7,6 +7,10 @@ Two input formats:
   headers: `content-type`, `fetched-at`, `status` (any header is kept as an HTTP header).
 
 A page's `source` is "topic/partition/offset": stable across re-deliveries.
+
+Nothing here raises on a record's content: a header key that is not UTF-8 (read leniently by
+`sources.records`), a URL that is not valid Unicode, a `status` that is not an HTTP status
+code all become a Rejected whose raw bytes go to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from collections.abc import Sequence
 
 from ..errors import PageError
 from ..models import Page, Rejected
-from .jsonl import page_from_json
+from .jsonl import check_url, page_from_json
+from .records import raw_header_key
 
 KafkaHeaders = Sequence[tuple[str, bytes]]
 
@@ -35,6 +40,11 @@ def page_from_message(
 ) -> Page | Rejected:
     """One consumed record as a Page, or a Rejected that says why it is not one."""
     url = _text(key)
+    bad = [name for name, _ in headers if not is_utf8(name)]
+    if bad:
+        shown = ", ".join(repr(raw_header_key(name)) for name in bad[:3])
+        return Rejected(url, "bad-header", f"header key is not UTF-8: {shown}", source,
+                        value or b"")
     if value is None:
         return Rejected(url, "no-body", "the message has no value (tombstone)", source, b"")
     if len(value) > max_bytes:
@@ -46,14 +56,14 @@ def page_from_message(
             return page
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
+        check_url(url)
         meta = {name.lower(): _text(raw) or "" for name, raw in headers}
-        status = meta.get("status")
         return Page(
             url=url,
             body=value,
             headers=tuple((name, _text(raw) or "") for name, raw in headers),
             fetched_at=meta.get("fetched-at") or None,
-            status=int(status) if status and status.isdigit() else None,
+            status=_status(meta.get("status")),
             source=source,
         )
     except PageError as err:
@@ -62,3 +72,24 @@ def page_from_message(
 
 def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def is_utf8(name: str) -> bool:
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate-escaped bytes of a key that was not UTF-8
+        return False
+    return True
+
+
+def _status(text: str | None) -> int | None:
+    """An HTTP status code: three ASCII digits ("²".isdigit() is true, int("²") fails)."""
+    if not text:
+        return None
+    text = text.strip()
+    if len(text) == 3 and text.isascii() and text.isdigit():
+        return int(text)
+    raise PageError("bad-field", f"header 'status' must be a 3-digit HTTP status code, "
+                                 f"got {text[:40]!r}")

@@ -1,0 +1,288 @@
+"""The aiokafka edge: the clients `serve` uses, built from Settings, made safe to run long.
+
+Everything that knows aiokafka's keyword arguments or works around its behaviour is here;
+`runner.py` holds the delivery contract and sees only the clients' public API.
+
+Three things aiokafka does not do by itself, each reproduced against a real broker:
+
+- **A record it cannot read.** A header key that is not UTF-8 makes aiokafka's record
+  reader raise inside `getmany`, for that record on every fetch: the stream stops for good.
+  `ToleratingRecords` reads batches with aiokafka's fast reader and, for a batch it refuses,
+  goes on with `sources.records.read_batch` (header keys decoded with `surrogateescape`), so
+  the record arrives and `sources.kafka` turns it into a `bad-header` dead letter.
+- **A broker that is down.** A failed metadata update is retried at once, and the fetcher
+  and the sender wait on that retry in loops: with the broker stopped the process spun at
+  50-70 % CPU writing ~21,000 ERROR lines a second, and counted none of it.
+  `throttle_metadata` makes a failed update wait (0.1 s doubling to 5 s, reset by a
+  success) and counts it (`stream_dedup_kafka_errors_total{operation="metadata"}`);
+  `RateLimitedLog` keeps at most a few lines per message per interval and says how many it
+  dropped.
+- **Message size limits.** `read_limits` asks the broker for `message.max.bytes` and each
+  output topic's `max.message.bytes` at start, so the runner can shrink an output that would
+  be refused instead of failing the batch (and an idempotent producer) on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiokafka.codec as codec
+import aiokafka.consumer.fetcher as fetcher_module
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaError
+
+from .config import Settings
+from .sources.records import BatchFormatError, read_batch
+
+log = logging.getLogger("stream_dedup.kafka")
+
+METADATA_BACKOFF_S = (0.1, 5.0)  # first and longest wait after a failed metadata update
+DEFAULT_MESSAGE_MAX = 1_048_588  # Kafka's default message.max.bytes
+PRODUCER_MAX_REQUEST = 16 * 1024 * 1024  # the client's own cap; the broker's limits decide
+
+
+# --- clients ------------------------------------------------------------------------------
+def consumer_kwargs(s: Settings) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": s.bootstrap_servers,
+        "group_id": s.group_id,
+        "enable_auto_commit": False,  # offsets are committed by the runner, after the acks
+        "auto_offset_reset": "earliest",
+        "max_partition_fetch_bytes": max(1_048_576, s.max_page_bytes + 65_536),
+        "fetch_max_bytes": 64 * 1024 * 1024,
+        "isolation_level": "read_committed",
+    }
+
+
+def producer_kwargs(s: Settings) -> dict[str, Any]:
+    return {
+        "bootstrap_servers": s.bootstrap_servers,
+        "acks": "all",
+        "enable_idempotence": True,  # retries inside the client do not duplicate
+        "linger_ms": 5,
+        "max_request_size": PRODUCER_MAX_REQUEST,
+        "compression_type": None,
+    }
+
+
+def make_consumer(s: Settings, failed: Callable[[], None]) -> AIOKafkaConsumer:
+    install_tolerating_reader()
+    consumer = AIOKafkaConsumer(**consumer_kwargs(s))
+    throttle_metadata(consumer._client, failed)
+    return consumer
+
+
+def make_producer(s: Settings, failed: Callable[[], None]) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(**producer_kwargs(s))
+    throttle_metadata(producer.client, failed)
+    return producer
+
+
+async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float) -> None:
+    """Close a client, giving up after `seconds`: with the broker down, a producer's stop
+    waits for acknowledgements that cannot come (what was not acknowledged was not
+    committed either, so it is delivered again)."""
+    try:
+        await asyncio.wait_for(client.stop(), seconds)
+    except (TimeoutError, KafkaError) as exc:
+        log.warning("closing the %s: %s; left behind", type(client).__name__,
+                    type(exc).__name__)
+
+
+# --- a broker that is down ----------------------------------------------------------------
+def throttle_metadata(client: Any, failed: Callable[[], None]) -> None:
+    """Make every failed metadata update of `client` (an AIOKafkaClient) wait before the
+    next one can start, with exponential backoff, and report it to `failed`."""
+    update = client._metadata_update
+    wait = [METADATA_BACKOFF_S[0]]
+
+    async def throttled(cluster_metadata: Any, topics: Any) -> bool:
+        ok = bool(await update(cluster_metadata, topics))
+        if ok:
+            wait[0] = METADATA_BACKOFF_S[0]
+        else:
+            failed()
+            await asyncio.sleep(wait[0])
+            wait[0] = min(wait[0] * 2, METADATA_BACKOFF_S[1])
+        return ok
+
+    client._metadata_update = throttled
+
+
+class RateLimitedLog(logging.Filter):
+    """At most `burst` records per (logger, message template) per `interval` seconds; the
+    first record after a quiet interval says how many were dropped. For aiokafka's loggers,
+    which log every failed connection attempt at ERROR."""
+
+    def __init__(self, interval: float = 10.0, burst: int = 3,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_drop: Callable[[], None] = lambda: None) -> None:
+        super().__init__()
+        self.interval, self.burst, self.clock, self.on_drop = interval, burst, clock, on_drop
+        self._windows: dict[tuple[str, str], list[float]] = {}  # key -> [start, count, dropped]
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = self.clock()
+        window = self._windows.get(key)
+        if window is None or now - window[0] >= self.interval:
+            if window is not None and window[2]:
+                record.msg = f"{record.msg} [{int(window[2])} similar lines dropped in the " \
+                             f"last {self.interval:.0f} s]"
+            if len(self._windows) > 1000:  # message templates are few; bound it anyway
+                self._windows.clear()
+            self._windows[key] = [now, 1, 0]
+            return True
+        window[1] += 1
+        if window[1] <= self.burst:
+            return True
+        window[2] += 1
+        self.dropped += 1
+        self.on_drop()
+        return False
+
+
+def quiet_aiokafka_logs(on_drop: Callable[[], None] = lambda: None,
+                        interval: float = 10.0) -> RateLimitedLog:
+    """Rate-limit every aiokafka logger (replacing an earlier limiter of this process)."""
+    limiter = RateLimitedLog(interval, on_drop=on_drop)
+    names = ["aiokafka", *(n for n in logging.root.manager.loggerDict
+                           if n.startswith("aiokafka."))]
+    for name in names:
+        logger = logging.getLogger(name)
+        for old in [f for f in logger.filters if isinstance(f, RateLimitedLog)]:
+            logger.removeFilter(old)
+        logger.addFilter(limiter)
+    return limiter
+
+
+# --- a record aiokafka cannot read --------------------------------------------------------
+class _ToleratingBatch:
+    """One v2 batch: aiokafka's fast reader until it refuses a record, then the lenient one
+    for the rest of the batch (records already given are skipped by offset)."""
+
+    def __init__(self, fast: Any, data: bytes) -> None:
+        self._fast = fast
+        self._data = data
+        self._rest: Any = None
+        self._last = -1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fast, name)
+
+    def __iter__(self) -> _ToleratingBatch:
+        return self
+
+    def __next__(self) -> Any:
+        if self._rest is None:
+            try:
+                record = next(self._fast)
+            except UnicodeDecodeError as exc:
+                log.warning("a record with a header key that is not UTF-8 (%s) after offset %d;"
+                            " reading the rest of its batch leniently", exc.reason, self._last)
+                last = self._last
+                self._rest = (r for r in read_batch(self._data, _decompress) if r.offset > last)
+            else:
+                self._last = record.offset
+                return record
+        return next(self._rest)
+
+
+class ToleratingRecords:
+    """aiokafka's MemoryRecords (a fetched partition's batches), whose v2 batches fall back
+    to the lenient reader; the fetcher builds one per fetched partition."""
+
+    def __init__(self, data: bytes) -> None:
+        self._fast = _FAST_RECORDS(data)
+        self._data = data
+        self._pos = 0
+
+    def size_in_bytes(self) -> int:
+        return int(self._fast.size_in_bytes())
+
+    def has_next(self) -> bool:
+        return bool(self._fast.has_next())
+
+    def next_batch(self) -> Any:
+        batch = self._fast.next_batch()
+        if batch is None:
+            return None
+        start = self._pos
+        self._pos = start + 12 + int.from_bytes(self._data[start + 8:start + 12], "big")
+        if batch.magic < 2:  # v0/v1 messages have no headers
+            return batch
+        return _ToleratingBatch(batch, self._data[start:self._pos])
+
+
+_FAST_RECORDS = fetcher_module.MemoryRecords
+
+
+def install_tolerating_reader() -> None:
+    """Make aiokafka's fetcher read batches through ToleratingRecords (idempotent)."""
+    if fetcher_module.MemoryRecords is not ToleratingRecords:
+        fetcher_module.MemoryRecords = ToleratingRecords
+
+
+def _decompress(kind: int, payload: bytes) -> bytes:
+    decoders = {1: codec.gzip_decode, 2: codec.snappy_decode, 3: codec.lz4_decode,
+                4: codec.zstd_decode}
+    if kind not in decoders:
+        raise BatchFormatError(f"unknown compression codec {kind}")
+    return bytes(decoders[kind](payload))
+
+
+# --- message size limits ------------------------------------------------------------------
+@dataclass
+class Limits:
+    """The largest message each output topic accepts (bytes, as the broker counts them)."""
+
+    broker: int = DEFAULT_MESSAGE_MAX
+    topics: dict[str, int] = field(default_factory=dict)
+
+    def of(self, topic: str) -> int:
+        return min(self.topics.get(topic, self.broker), PRODUCER_MAX_REQUEST)
+
+
+async def read_limits(s: Settings, topics: list[str]) -> Limits:
+    """`message.max.bytes` of the broker and `max.message.bytes` of each topic that exists
+    (a topic created later on first use gets the broker's). Kafka's defaults if the broker
+    will not say (an ACL, an old broker): logged, not fatal."""
+    limits = Limits()
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
+    try:
+        await asyncio.wait_for(admin.start(), 10)
+        cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
+        resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
+                     for t in topics]
+        brokers = cluster.get("brokers") or []
+        if brokers:
+            resources.append(ConfigResource(ConfigResourceType.BROKER,
+                                            str(brokers[0]["node_id"]),
+                                            {"message.max.bytes": None}))
+        for response in await asyncio.wait_for(admin.describe_configs(resources), 10):
+            for res in response.to_object()["resources"]:
+                if res["error_code"]:
+                    continue
+                for entry in res["config_entries"]:
+                    value = int(entry["config_value"])
+                    if res["resource_type"] == ConfigResourceType.BROKER:
+                        limits.broker = value
+                    else:
+                        limits.topics[res["resource_name"]] = value
+    except (KafkaError, TimeoutError, OSError, ValueError, KeyError) as exc:
+        log.warning("could not read the broker's message size limits (%s: %s); assuming "
+                    "Kafka's default %d bytes", type(exc).__name__, exc, DEFAULT_MESSAGE_MAX)
+    finally:
+        try:
+            await asyncio.wait_for(admin.close(), 5)
+        except (KafkaError, TimeoutError):
+            pass
+    return limits

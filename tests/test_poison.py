@@ -1,0 +1,269 @@
+"""Hostile records and a broker outage against a real broker: the stream never stops.
+
+Each poison kind sits between two good pages on one partition; the service must give every
+record a decision, send the poison's bytes to the dead-letter topic, commit past it, and
+keep running. The outage test stops its own broker mid-stream and starts it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from opskit import DEPLOY, free_port, get, samples, wait_for
+from test_service import (
+    committed_and_end,
+    create_topics,
+    decisions_of,
+    kcat_consume,
+    kcat_produce,
+    names,
+    page_message,
+    service,  # noqa: F401  (the fixture)
+)
+
+from stream_dedup.sample import build
+
+pytestmark = pytest.mark.kafka
+
+GOOD = build(seed=41)
+
+
+def _headers(message: dict[str, Any]) -> dict[str, str]:
+    h = message.get("headers") or []
+    return dict(zip(h[::2], h[1::2], strict=True))
+
+
+def kcat_raw(bootstrap: str, topic: str, value: bytes, key: bytes,
+             headers: tuple[bytes, ...] = ()) -> None:
+    """One message with exactly these bytes (header arguments may be any bytes). Key and
+    value go through stdin, between delimiters that neither holds: a key can be longer than
+    one command-line argument may be."""
+    assert b"\x01" not in key + value and b"\x02" not in key + value
+    cmd: list[bytes] = [b"kcat", b"-P", b"-b", bootstrap.encode(), b"-t", topic.encode(),
+                        b"-K", b"\x01", b"-D", b"\x02"]
+    for h in headers:
+        cmd += [b"-H", h]
+    subprocess.run(cmd, input=key + b"\x01" + value + b"\x02", check=True, timeout=60)
+
+
+def _good(i: int) -> tuple[str, bytes]:
+    return page_message(GOOD[i])
+
+
+def test_poison_records_become_dead_letters_and_the_stream_goes_on(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    b, t = kafka_bootstrap, names("poison")
+    create_topics(b, [t["input"]], partitions=1)
+    _create_topic(b, t["kept"], {"max.message.bytes": "200000"})
+    long_url = "https://x.example/" + "a" * 600_000
+    poisons = [
+        # 1. a URL holding a lone surrogate (valid JSON, not valid Unicode)
+        ("surrogate", b'{"url":"https://x.example/\\ud800","html":"<p>hi</p>"}', b"k-sur", ()),
+        # 3. a header key that is not UTF-8 (aiokafka's reader raises on it)
+        ("header", json.dumps({"url": "https://x.example/h", "html": "<p>h</p>"}).encode(),
+         b"k-hdr", (b"\xff\xfekey=v",)),
+        # 4. a 600 KB URL: its decision (the URL twice: value and key) is above 1 MB
+        ("long-url", json.dumps({"url": long_url, "html": GOOD[2].html}).encode(),
+         b"k-long", ()),
+        # 4. a kept page above the kept topic's max.message.bytes (200,000)
+        ("big-kept", json.dumps({"url": "https://x.example/big", "html": "<p>" + " ".join(
+            f"w{i}" for i in range(60_000)) + "</p>"}).encode(), b"k-big", ()),
+    ]
+    for i, (_, value, key, headers) in enumerate(poisons):
+        kcat_produce(b, t["input"], [_good(2 * i + 4)])
+        kcat_raw(b, t["input"], value, key, headers)
+    kcat_produce(b, t["input"], [_good(12)])
+    total = 2 * len(poisons) + 1
+    svc = service(t, "--batch-size", "3")
+    wait_for("every record decided",
+             lambda: len(kcat_consume(b, t["decisions"])) >= total, timeout=120)
+    assert svc.proc.poll() is None, svc.text()[-3000:]  # still running
+    assert svc.stop() == 0
+
+    messages = kcat_consume(b, t["decisions"])
+    got = [json.loads(m["payload"]) for m in messages]
+    assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(total)]
+    poison_decisions = got[1::2]
+    assert [(d["decision"], d["reason"]) for d in poison_decisions] == [
+        ("reject", "bad-url"), ("reject", "bad-header"), ("keep", "unique"),
+        ("keep", "unique")]
+    assert all(d["decision"] == "keep" for d in got[0::2])
+    long_decision = messages[5]
+    assert int(_headers(long_decision)["stream-dedup-reduced"]) > 1_000_000
+    assert got[5]["url"].startswith("https://x.example/aaa") and len(got[5]["url"]) < 2000
+
+    dead = kcat_consume(b, t["dead"])
+    assert [_headers(m)["stream-dedup-error"] for m in dead] == ["bad-url", "bad-header"]
+    assert dead[0]["payload"].encode() == poisons[0][1]  # the original bytes
+    assert json.loads(dead[1]["payload"])["url"] == "https://x.example/h"
+    assert "\\xff\\xfekey" in _headers(dead[1])["stream-dedup-message"]
+
+    kept = {m["offset"]: m for m in kcat_consume(b, t["kept"])}
+    refs = [m for m in kept.values() if "stream-dedup-ref" in _headers(m)]
+    assert [_headers(m)["stream-dedup-ref"] for m in refs] == [
+        f"{t['input']}/0/5", f"{t['input']}/0/7"]  # both too large for 200,000 bytes
+    assert all(not m["payload"] for m in refs)
+    assert committed_and_end(b, t["input"], t["group"]) == (total, total)
+    assert "larger than the kept topic" in svc.text()  # the warning at start
+
+
+def test_html_input_with_a_bad_status_header(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    b, t = kafka_bootstrap, names("status")
+    create_topics(b, [t["input"]], partitions=1)
+    html = GOOD[0].html.encode()
+    kcat_raw(b, t["input"], html, b"https://s.example/1", (b"status=200",))
+    kcat_raw(b, t["input"], html, b"https://s.example/2", ("status=²".encode(),))  # 2.
+    kcat_raw(b, t["input"], GOOD[1].html.encode(), b"https://s.example/3",
+             (b"\xc3\x28=x", b"status=200"))  # 3., in the html format
+    kcat_raw(b, t["input"], GOOD[2].html.encode(), b"https://s.example/4")
+    svc = service(t, "--input-format", "html", "--batch-size", "2")
+    wait_for("4 decisions", lambda: len(kcat_consume(b, t["decisions"])) >= 4)
+    assert svc.stop() == 0
+    got = decisions_of(b, t["decisions"])
+    assert [(d["decision"], d["reason"]) for d in got] == [
+        ("keep", "unique"), ("reject", "bad-field"), ("reject", "bad-header"),
+        ("keep", "unique")]
+    assert "status" in got[1]["error"]
+    dead = kcat_consume(b, t["dead"])
+    assert [m["payload"].encode() for m in dead] == [html, GOOD[1].html.encode()]
+
+
+def test_a_non_retriable_error_stops_with_a_clear_message(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """A compacted kept topic refuses a message without a key (the broker's
+    InvalidRecordException, non-retriable): a configuration error, not a page's fault."""
+    b, t = kafka_bootstrap, names("fatal")
+    create_topics(b, [t["input"]], partitions=1)
+    _create_topic(b, t["kept"], {"cleanup.policy": "compact"})
+    subprocess.run(["kcat", "-P", "-b", b, "-t", t["input"]], input=_good(0)[1], check=True,
+                   timeout=60)  # no key
+    svc = service(t)
+    assert svc.wait(timeout=90) == 1
+    text = svc.text()
+    assert f"stopping: sending to {t['kept']}" in text, text[-3000:]
+    assert "Traceback" not in text
+    assert committed_and_end(b, t["input"], t["group"]) == (0, 1)  # nothing committed
+
+
+def _create_topic(bootstrap: str, topic: str, config: dict[str, str]) -> None:
+    import asyncio
+
+    async def go() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=config)])
+        finally:
+            await admin.close()
+    asyncio.run(go())
+
+
+# --- a broker outage ----------------------------------------------------------------------
+@pytest.fixture
+def own_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A broker of this test's own, so it can be stopped without touching the others'."""
+    directory = tmp_path / "kafka"
+    env = {**os.environ, "KAFKA_LOCAL_PORT": str(free_port()),
+           "KAFKA_LOCAL_CONTROLLER_PORT": str(free_port()), "KAFKA_LOCAL_STOP_TIMEOUT": "10"}
+    script = str(DEPLOY / "kafka-local")
+
+    def run(cmd: str) -> str:
+        done = subprocess.run([script, cmd, str(directory)], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1] if cmd == "start" else ""
+
+    bootstrap = run("start")
+    yield bootstrap, run
+    subprocess.run([script, "stop", str(directory)], env=env, capture_output=True, timeout=120)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_broker_outage_mid_stream_is_survived_quietly(own_broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bootstrap, broker = own_broker
+    t = names("outage")
+    create_topics(bootstrap, [t["input"]], partitions=1)
+    pages = [p for seed in range(50, 56) for p in build(seed=seed)]
+    first, second = pages[: len(pages) // 2], pages[len(pages) // 2:]
+    kcat_produce(bootstrap, t["input"], [page_message(p) for p in first])
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
+             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
+             "--dead-letter-topic", t["dead"], "--group-id", t["group"],
+             "--http-port", str(port), "--batch-size", "20"], stdout=fh, stderr=fh)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for("the first half decided",
+                 lambda: len(kcat_consume(bootstrap, t["decisions"])) >= len(first))
+        broker("stop")
+        size0, cpu0, t0 = log.stat().st_size, _cpu_seconds(proc.pid), time.monotonic()
+        wait_for("/readyz to report the broker",
+                 lambda: get(base + "/readyz")[0] == 503, timeout=30)
+        time.sleep(20)  # the outage; what is measured is what it costs, not an absence
+        cpu = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        logged = log.stat().st_size - size0
+        errors = samples(get(base + "/metrics")[1].decode(), "stream_dedup_kafka_errors_total")
+        assert cpu < 0.25, f"{cpu:.0%} of a core while the broker was down"
+        assert logged < 30_000, f"{logged} bytes of log in 20 s"
+        assert sum(errors.values()) >= 3, errors
+        broker("start")
+        kcat_produce(bootstrap, t["input"], [page_message(p) for p in second])
+        wait_for("every page decided after the outage",
+                 lambda: len(kcat_consume(bootstrap, t["decisions"])) >= len(pages), timeout=180)
+        assert get(base + "/readyz")[0] == 200
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    got = decisions_of(bootstrap, t["decisions"])
+    assert {d["source"] for d in got} == {f"{t['input']}/0/{i}" for i in range(len(pages))}
+    assert committed_and_end(bootstrap, t["input"], t["group"]) == (len(pages), len(pages))
+
+
+def test_sigterm_while_the_broker_is_down_exits_within_seconds(own_broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    bootstrap, broker = own_broker
+    t = names("down")
+    create_topics(bootstrap, [t["input"]], partitions=1)
+    pages = build(seed=57)
+    kcat_produce(bootstrap, t["input"], [page_message(p) for p in pages])
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
+             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
+             "--dead-letter-topic", t["dead"], "--group-id", t["group"],
+             "--http-port", "0", "--batch-size", "5"], stdout=fh, stderr=fh)
+    try:
+        wait_for("a first decision", lambda: len(kcat_consume(bootstrap, t["decisions"])) >= 1)
+        broker("stop")
+        wait_for("the service to notice", lambda: "Unable" in log.read_text(errors="replace")
+                 or "not acknowledged" in log.read_text(errors="replace"), timeout=60)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert time.monotonic() - started < 10, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    broker("start")  # what was decided but not committed is delivered again: nothing lost
+    committed, end = committed_and_end(bootstrap, t["input"], t["group"])
+    decided = {d["source"] for d in decisions_of(bootstrap, t["decisions"])}
+    assert committed <= len(decided) and end == len(pages)

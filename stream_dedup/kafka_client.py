@@ -94,6 +94,13 @@ async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: floa
     except (TimeoutError, KafkaError) as exc:
         log.warning("closing the %s: %s; left behind", type(client).__name__,
                     type(exc).__name__)
+    except asyncio.CancelledError:
+        # The consumer's stop cancels its fetch tasks and lets that cancellation out when
+        # one of them is in a backoff sleep (broker down); only ours is to be passed on.
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        log.warning("closing the %s: its tasks were cancelled", type(client).__name__)
 
 
 # --- a broker that is down ----------------------------------------------------------------

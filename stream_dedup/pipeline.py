@@ -43,7 +43,7 @@ from .core.sketch import Sketcher, resemblance
 from .core.tokens import Tokens
 from .errors import PageError
 from .index import open_index
-from .index.base import CANONICAL, RAW, FeatureIndex, StoredDoc
+from .index.base import CANONICAL, RAW, FeatureIndex, Plan, StoredDoc
 from .models import (
     CANONICAL as R_CANONICAL,
 )
@@ -345,6 +345,11 @@ class Deduplicator:
         cover (a no-op for the memory index beyond remembering the offsets)."""
         with self.lock:
             self.index.commit(offsets)
+
+    def begin(self, plan: Plan) -> None:
+        """Record the batch about to be decided (see FeatureIndex.begin)."""
+        with self.lock:
+            self.index.begin(plan)
 
     def expire(self, older_than: datetime, limit: int = 10_000) -> int:
         """Forget pages crawled before `older_than` (persistent index only; 0 otherwise)."""

@@ -76,6 +76,7 @@ MAX_BACKOFF_S = 30.0
 EXPIRY_EVERY_S = 60.0
 POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
 STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
+REFORM_TIMEOUT_S = 120.0  # how long a restart waits for the records of the batch in flight
 # A commit refused because the group moved on: the records go to their new owner.
 REBALANCED = (CommitFailedError, IllegalStateError, RebalanceInProgressError,
               UnknownMemberIdError, IllegalGenerationError)
@@ -163,6 +164,7 @@ class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned: %s", _names(assigned))
+        self._runner.adopt_plan(assigned)
         # Resume where the index says it is: a persistent index stores the offsets of the
         # pages it holds atomically with them, and may be ahead of the group's commit.
         stored = self._runner.dedup.index.offsets()
@@ -176,6 +178,20 @@ class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
     return sorted(f"{tp.topic}/{tp.partition}" for tp in partitions)
+
+
+def _split(source: str) -> tuple[str, int]:
+    topic, partition = source.rsplit("/", 1)
+    return topic, int(partition)
+
+
+def plan_of(batch: list[tuple[TopicPartition, ConsumerRecord]]) -> list[tuple[str, int, int]]:
+    """A batch's composition: each partition's offset range, in the order decided."""
+    ranges: dict[TopicPartition, list[int]] = {}
+    for tp, rec in batch:
+        span = ranges.setdefault(tp, [rec.offset, rec.offset + 1])
+        span[0], span[1] = min(span[0], rec.offset), max(span[1], rec.offset + 1)
+    return [(f"{tp.topic}/{tp.partition}", first, end) for tp, (first, end) in ranges.items()]
 
 
 class Runner:
@@ -208,6 +224,59 @@ class Runner:
         self._next_expiry = 0.0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
         self.last_progress = time.monotonic()
+        # Re-forming the batch that was in flight when a persistent index last stopped:
+        # its plan, the records held until the plan's ranges are all fetched, and the
+        # records fetched beyond them (the next batch).
+        self._plan: list[tuple[TopicPartition, int, int]] | None = None
+        self._plan_deadline = 0.0
+        self._held: dict[TopicPartition, list[ConsumerRecord]] = {}
+        self._carry: dict[TopicPartition, list[ConsumerRecord]] = {}
+
+    def adopt_plan(self, assigned: list[TopicPartition]) -> None:
+        """After an assignment: decide the batch a crash left in flight exactly as it was
+        first decided (same records, same order), if this consumer owns all its partitions;
+        a redelivered batch cut differently could decide a near-duplicate pair spread over
+        two partitions the other way round."""
+        self._held, self._carry, self._plan = {}, {}, None
+        plan = self.dedup.index.inflight()
+        if not plan:
+            return
+        steps = [(TopicPartition(*_split(source)), first, end) for source, first, end in plan]
+        missing = sorted({f"{tp.topic}/{tp.partition}" for tp, _, _ in steps} -
+                         {f"{tp.topic}/{tp.partition}" for tp in assigned})
+        if missing:
+            log.warning("the batch in flight at the last stop also covered %s, now assigned "
+                        "elsewhere: its records are decided as they come", ", ".join(missing))
+            return
+        self._plan, self._plan_deadline = steps, time.monotonic() + REFORM_TIMEOUT_S
+        log.info("deciding the batch in flight at the last stop again, as it was: %s",
+                 ", ".join(f"{tp.topic}/{tp.partition}@{f}..{e - 1}" for tp, f, e in steps))
+
+    async def _next_batch(self) -> dict[TopicPartition, list[ConsumerRecord]]:
+        if self._carry:
+            fetched, self._carry = self._carry, {}
+            return fetched
+        fetched = await self.consumer.getmany(timeout_ms=500, max_records=self.settings.batch_size)
+        if self._plan is None:
+            return fetched
+        for tp, records in fetched.items():
+            self._held.setdefault(tp, []).extend(records)
+        for tp, _, end in self._plan:
+            if tp not in self.consumer.assignment():
+                self._plan = None  # revoked meanwhile: adopt_plan runs again on assignment
+                return {}
+            if await self.consumer.position(tp) < end and time.monotonic() < self._plan_deadline:
+                return {}  # not all fetched yet
+        ranges = {tp: (first, end) for tp, first, end in self._plan}
+        batch = {tp: [r for r in self._held.get(tp, ()) if first <= r.offset < end]
+                 for tp, (first, end) in ranges.items()}
+        for tp, records in self._held.items():
+            first, end = ranges.get(tp, (0, 0))
+            rest = [r for r in records if not first <= r.offset < end]
+            if rest:
+                self._carry[tp] = rest
+        self._plan, self._held = None, {}
+        return batch
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process batches until `stop` is set; the batch in flight is always finished."""
@@ -215,9 +284,7 @@ class Runner:
         try:
             while not stop.is_set():
                 try:
-                    fetched = await self.consumer.getmany(
-                        timeout_ms=500, max_records=self.settings.batch_size
-                    )
+                    fetched = await self._next_batch()
                 except KafkaError as exc:
                     self.metrics.kafka_error("fetch")
                     if not is_retriable(exc):
@@ -394,6 +461,7 @@ class Runner:
         """Records -> pages -> decisions, in the decide thread: JSON and base64 decoding
         (about a tenth of the work) stay off the event loop too."""
         items = [self._item(rec) for _, rec in batch]
+        self.dedup.begin(plan_of(batch))
         try:
             return items, self.dedup.check_batch(items, self.pool)
         except StreamDedupError:

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_service import service  # noqa: F401  (the fixture)
 
 from stream_dedup.cli import main
 from stream_dedup.sample import build, write_jsonl
@@ -109,3 +110,62 @@ def test_index_commands(halves: tuple[Path, Path], tmp_path: Path,
     assert json.loads(capsys.readouterr().out)["pages"] == kept
     assert main(["index", "stats", "--index-path", str(tmp_path / "nothing")]) == 2
     assert "no index at" in capsys.readouterr().err
+
+
+# --- the Kafka service: a crash with a batch in flight over several partitions -------------
+def _near_pairs(n: int, seed: int = 11) -> list[tuple[str, str]]:
+    """n articles and a copy of each with two words changed (near-duplicates)."""
+    import random
+
+    from opskit import _WORDS, html
+
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(n):
+        words = [rng.choice(_WORDS) for _ in range(400)]
+        edited = list(words)
+        for i in rng.sample(range(len(words)), 2):
+            edited[i] = "zq" + edited[i]
+        pairs.append((html([" ".join(words)]), html([" ".join(edited)])))
+    return pairs
+
+
+@pytest.mark.kafka
+def test_lsm_restart_decides_the_batch_in_flight_as_before(
+        kafka_bootstrap: str, service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Pairs of near-duplicates spread over two partitions. The service dies after sending a
+    batch's decisions and before committing it, and restarts with another batch size: a
+    redelivered batch cut differently would decide some pairs the other way round (keep <->
+    drop, and a page dropped on the decisions topic but present on the kept topic)."""
+    from test_service import create_topics, decisions_of, kcat_consume, names
+
+    b, t = kafka_bootstrap, names("inflight")
+    create_topics(b, [t["input"]], partitions=3)
+    for i, (one, other) in enumerate(_near_pairs(40)):
+        first, second = (0, 1) if i % 2 else (1, 0)
+        for part, page in ((first, one), (second, other)):
+            line = json.dumps({"url": f"https://p.example/{i}/{part}", "html": page})
+            subprocess.run(["kcat", "-P", "-b", b, "-t", t["input"], "-p", str(part)],
+                           input=line.encode(), check=True, timeout=60)
+    lsm = ("--index", "lsm", "--index-path", str(tmp_path / "index"))
+    crashed = service(t, *lsm, "--batch-size", "50", log="crash.log",
+                      env={"STREAM_DEDUP_FAULT_EXIT_BEFORE_COMMIT": "1"})
+    assert crashed.wait(timeout=120) == 70
+    first_time = {d["source"]: d for d in decisions_of(b, t["decisions"])}
+    again = service(t, *lsm, "--batch-size", "7", log="again.log")
+
+    def all_decided() -> bool:
+        return len({d["source"] for d in decisions_of(b, t["decisions"])}) >= 80
+    from opskit import wait_for
+    wait_for("every page decided", all_decided, timeout=120)
+    assert again.stop() == 0
+    assert "as it was" in again.text()
+    decisions: dict[str, set[tuple[str, str]]] = {}
+    for d in decisions_of(b, t["decisions"]):
+        decisions.setdefault(d["source"], set()).add((d["decision"], d["reason"]))
+    assert len(first_time) == 50
+    changed = [s for s, ds in decisions.items() if len(ds) > 1]
+    assert changed == [], changed
+    keeps = {d["url"] for d in decisions_of(b, t["decisions"]) if d["decision"] == "keep"}
+    kept_urls = {json.loads(m["payload"])["url"] for m in kcat_consume(b, t["kept"])}
+    assert kept_urls <= keeps and len(keeps) >= 40

@@ -34,6 +34,10 @@ class StoredDoc:
     fetched_at: str | None = None
 
 
+# A batch's composition: ("topic/partition", first offset, end offset) in decide order.
+Plan = list[tuple[str, int, int]]
+
+
 @runtime_checkable
 class FeatureIndex(Protocol):
     stamp: int
@@ -69,6 +73,16 @@ class FeatureIndex(Protocol):
 
     def offsets(self) -> dict[str, int]:
         """The input offsets stored by the last commit ("topic/partition" -> next offset)."""
+        ...
+
+    def begin(self, plan: Plan) -> None:
+        """Remember the batch about to be decided (its partitions' offset ranges, in the
+        order they are decided) until the next commit, so that after a crash the same batch
+        can be decided again in the same order."""
+        ...
+
+    def inflight(self) -> Plan | None:
+        """The plan of a batch begun and never committed (a crash), if the index keeps it."""
         ...
 
     def close(self) -> None: ...

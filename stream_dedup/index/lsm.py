@@ -4,6 +4,7 @@ Column families and keys (integers big-endian, so keys sort numerically):
 
     meta      b"stamp" -> sketch Params stamp (u64)     b"next_id" -> next page id (u32)
               b"pages" -> pages held (u64)              b"off:" + source -> next offset (u64)
+              b"inflight" -> the plan of the batch being decided (JSON), deleted by commit
     features  feature (u64) + page id (u32)  -> b""     (a posting list is a prefix scan)
     exact     b"r"|b"c" + fingerprint (u64)  -> page id (u32), the first page only
     docs      page id (u32) -> the document record verification reads (see _encode)
@@ -18,6 +19,7 @@ will be seen again.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import os
 import struct
@@ -39,7 +41,7 @@ from rocksdict import (
 )
 
 from ..errors import IndexMismatchError, IndexStoreError
-from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+from .base import CANONICAL, RAW, Plan, StoredDoc, rank_candidates
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -52,6 +54,7 @@ _FEATURE_KEY = struct.Struct(">QI")
 _DOC_HEAD = struct.Struct("<QQdIHHIII")
 _LAYER = {RAW: b"r", CANONICAL: b"c"}
 _MAX_ID = b"\xff\xff\xff\xff"
+_INFLIGHT = b"inflight"
 
 
 def _options(prefix: int | None) -> Options:
@@ -213,6 +216,7 @@ class LsmIndex:
             batch.put(key, _U32.pack(page_id), self._cf[CF_EXACT])
         for source, offset in (offsets or {}).items():
             batch.put(b"off:" + source.encode(), _U64.pack(offset), self._cf[CF_META])
+        batch.delete(_INFLIGHT, self._cf[CF_META])
         pages = len(self)
         batch.put(b"next_id", _U32.pack(self._next_id), self._cf[CF_META])
         batch.put(b"pages", _U64.pack(pages), self._cf[CF_META])
@@ -228,6 +232,17 @@ class LsmIndex:
                 break
             out[key[4:].decode()] = _U64.unpack(value)[0]
         return out
+
+    def begin(self, plan: Plan) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_INFLIGHT, json.dumps(plan).encode(), self._cf[CF_META])
+        self._write(batch)
+
+    def inflight(self) -> Plan | None:
+        raw = self._meta.get(_INFLIGHT)
+        if raw is None:
+            return None
+        return [(str(s), int(f), int(e)) for s, f, e in json.loads(raw)]
 
     def _write(self, batch: WriteBatch) -> None:
         try:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import IndexMismatchError
-from .base import CANONICAL, RAW, StoredDoc, rank_candidates
+from .base import CANONICAL, RAW, Plan, StoredDoc, rank_candidates
 
 try:
     from ..core import _native
@@ -218,6 +218,12 @@ class MemoryIndex:
 
     def offsets(self) -> dict[str, int]:
         return dict(self._offsets)
+
+    def begin(self, plan: Plan) -> None:
+        pass  # nothing of this index outlives the process, so nothing is decided again
+
+    def inflight(self) -> Plan | None:
+        return None
 
     def close(self) -> None:
         pass

@@ -78,15 +78,17 @@ class Service:
     """`python -m stream_dedup serve` as a child process (so it can be killed for real)."""
 
     def __init__(self, bootstrap: str, t: dict[str, str], log: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, own_group: bool = False) -> None:
         self.log = log
         cmd = [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
                "--input-topic", t["input"], "--decisions-topic", t["decisions"],
                "--kept-topic", t["kept"], "--dead-letter-topic", t["dead"],
                "--group-id", t["group"], "--http-port", "0", *extra]  # extra may override
         self.fh = open(log, "ab")  # noqa: SIM115
+        # own_group: a process group of its own, to be signalled as a whole (os.killpg)
         self.proc = subprocess.Popen(cmd, stdout=self.fh, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})},
+                                     process_group=0 if own_group else None)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -108,8 +110,8 @@ def service(kafka_bootstrap: str, tmp_path: Path):  # type: ignore[no-untyped-de
     started: list[Service] = []
 
     def start(t: dict[str, str], *extra: str, log: str = "serve.log",
-              env: dict[str, str] | None = None) -> Service:
-        svc = Service(kafka_bootstrap, t, tmp_path / log, *extra, env=env)
+              env: dict[str, str] | None = None, own_group: bool = False) -> Service:
+        svc = Service(kafka_bootstrap, t, tmp_path / log, *extra, env=env, own_group=own_group)
         started.append(svc)
         return svc
 

@@ -128,6 +128,10 @@ class Metrics:
                                     "(each is retried with backoff)", ["operation"], registry=r)
         self.dead_letters = Counter("stream_dedup_kafka_dead_letters", "Records sent to the "
                                     "dead-letter topic (acknowledged)", registry=r)
+        # --- HTTP API --------------------------------------------------------------------
+        self.http_bad_requests = Counter("stream_dedup_http_bad_requests", "HTTP requests "
+                                         "the server could not parse (a header line over 8 KB, "
+                                         "a bad request line...), answered 400", registry=r)
         # --- progress --------------------------------------------------------------------
         self.batches = Counter("stream_dedup_batches", "Batches decided and delivered "
                                "(committed, for the Kafka service)", registry=r)

@@ -106,7 +106,7 @@ def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_stop_signal_to_the_group_while_workers_are_busy(
         kafka_bootstrap: str, service, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
-    t = _crash_topic(kafka_bootstrap, seeds=20)
+    t = _crash_topic(kafka_bootstrap, seeds=30)
     rng = random.Random(1208 + sig)
     svc = service(t, *WORKERS, own_group=True)
     wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
@@ -114,7 +114,8 @@ def test_stop_signal_to_the_group_while_workers_are_busy(
     os.killpg(svc.proc.pid, sig)
     assert svc.wait(timeout=90) == 0
     text = svc.text()
-    assert "Traceback" not in text and "Error" not in text, text[-3000:]
+    for sign in ("Traceback", "BrokenProcessPool", "KeyboardInterrupt"):
+        assert sign not in text, text[-3000:]
     done = re.search(r"stopped after (\d+) records", text)
     assert done and int(done.group(1)) > 0, text[-3000:]  # the batch in flight was finished
     decided = len(decisions_of(kafka_bootstrap, t["decisions"]))

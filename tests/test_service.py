@@ -263,7 +263,7 @@ def _crash_topic(kafka_bootstrap: str, seeds: int = 6) -> dict[str, str]:
 
 def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap)
-    rng = random.Random(os.getpid())
+    rng = random.Random(1201)
     for round_ in range(3):  # killed three times at a random moment while pages flow
         svc = service(t, "--batch-size", "40", log=f"run{round_}.log")
         wait_for("the first decision of this run", lambda s=svc: "partitions assigned" in s.text())
@@ -385,7 +385,7 @@ def test_lsm_index_makes_crashes_invisible_in_the_decisions(
     kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in pages])
     index = tmp_path / "index"
     lsm = ("--index", "lsm", "--index-path", str(index), "--batch-size", "20")
-    rng = random.Random(os.getpid())
+    rng = random.Random(1202)
     for round_ in range(3):
         svc = service(t, *lsm, log=f"run{round_}.log")
         wait_for("consuming", lambda s=svc: "partitions assigned" in s.text())

@@ -280,7 +280,7 @@ def test_an_oversized_header_line_is_one_log_line_and_counted(
     server = [r for r in caplog.records if r.name == "aiohttp.server"]
     assert [(r.levelno, r.exc_info, r.getMessage().count("\n")) for r in server] == [
         (logging.INFO, None, 0)] * 3
-    assert "answered 400 (LineTooLong" in server[0].getMessage()
+    assert "bad request (LineTooLong: " in server[0].getMessage()
     assert len(server[0].getMessage()) < 400
     exposition = state.metrics.exposition()[0].decode()
     assert samples(exposition, "stream_dedup_http_bad_requests_total") == {"": 3.0}

@@ -132,8 +132,9 @@ class _ServerLog(logging.LoggerAdapter[logging.Logger]):
             super().log(level, msg, *args, **kwargs)
             return
         self.metrics.http_bad_requests.inc()
-        self.logger.log(min(level, logging.INFO), "%s: answered %d (%s: %.200r)",
-                        str(msg) % args, exc.code, type(exc).__name__, exc.message)
+        told = str(msg) % args if args else str(msg)
+        self.logger.log(min(level, logging.INFO), "%s: bad request (%s: %.200r)", told,
+                        type(exc).__name__, exc.message)
 
 
 # --- middlewares ---------------------------------------------------------------------------

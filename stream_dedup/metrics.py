@@ -131,7 +131,8 @@ class Metrics:
         # --- HTTP API --------------------------------------------------------------------
         self.http_bad_requests = Counter("stream_dedup_http_bad_requests", "HTTP requests "
                                          "the server could not parse (a header line over 8 KB, "
-                                         "a bad request line...), answered 400", registry=r)
+                                         "a bad request line...), each logged in one line",
+                                         registry=r)
         # --- progress --------------------------------------------------------------------
         self.batches = Counter("stream_dedup_batches", "Batches decided and delivered "
                                "(committed, for the Kafka service)", registry=r)

@@ -135,6 +135,11 @@ class Metrics:
                                "truncated dead letter)", ["output"], registry=r)
         self.log_dropped = Counter("stream_dedup_log_lines_dropped", "Repeated Kafka client "
                                    "log lines dropped by the rate limit", registry=r)
+        # --- HTTP API --------------------------------------------------------------------
+        self.http_bad_requests = Counter("stream_dedup_http_bad_requests", "HTTP requests "
+                                         "the server could not parse (a header line over 8 KB, "
+                                         "a bad request line...), each logged in one line",
+                                         registry=r)
         # --- progress --------------------------------------------------------------------
         self.batches = Counter("stream_dedup_batches", "Batches decided and delivered "
                                "(committed, for the Kafka service)", registry=r)

@@ -23,7 +23,6 @@ another thread while a batch is decided.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -58,6 +57,7 @@ from .models import (
     Page,
     Rejected,
 )
+from .workers import pool as worker_pool
 
 _U64_SPAN = float(1 << 64)
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)  # a short page's (read only, like every array here)
@@ -212,11 +212,9 @@ def _worker_analyze(page: Page) -> Analysis:
 
 def analysis_pool(settings: Settings, workers: int) -> ProcessPoolExecutor:
     """Worker processes for the pure stages (parse, shingle, sketch): both cores busy
-    while the ordered, stateful decide step stays in the caller."""
-    ctx = multiprocessing.get_context("forkserver")
-    return ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=_worker_init, initargs=(settings,)
-    )
+    while the ordered, stateful decide step stays in the caller. They ignore SIGINT and
+    SIGTERM (the caller decides when to stop) and exit when the caller dies (workers.py)."""
+    return worker_pool(workers, _worker_init, (settings,))
 
 
 @dataclass

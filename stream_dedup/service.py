@@ -25,7 +25,7 @@ from aiokafka.errors import KafkaError
 
 from .config import Settings
 from .errors import StreamDedupError
-from .http.app import ApiState, Check, build_app
+from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     make_consumer,
     make_producer,
@@ -56,7 +56,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
     app = build_app(service.api)
     app[SERVICE] = service
     app.cleanup_ctx.append(_kafka_task)
-    web_runner = web.AppRunner(app, access_log=None)
+    web_runner = app_runner(app)
     await web_runner.setup()  # starts the Kafka task
     try:
         if settings.http_port:

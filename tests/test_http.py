@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -12,7 +14,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from opskit import free_port, get, get_json, reordered_pair, sample_names
+from opskit import free_port, get, get_json, reordered_pair, sample_names, samples
 
 from stream_dedup import Deduplicator, Page, Settings
 from stream_dedup.cli import main
@@ -260,6 +262,28 @@ def test_background_server_serves_and_reports_a_busy_port() -> None:
             pass
     with pytest.raises(OSError):  # closed
         get(f"http://127.0.0.1:{port}/healthz")
+
+
+@pytest.mark.parametrize("size", [20_000, 100_000])
+def test_an_oversized_header_line_is_one_log_line_and_counted(
+        size: int, caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    state = _state()
+    caplog.set_level(logging.DEBUG, logger="aiohttp")
+    with BackgroundServer(build_app(state), "127.0.0.1", port):
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size
+                          + b"\r\n\r\n")
+                assert s.recv(64).startswith(b"HTTP/1.0 400 ")
+        assert get_json(f"http://127.0.0.1:{port}/healthz") == {"status": "ok"}
+    server = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert [(r.levelno, r.exc_info, r.getMessage().count("\n")) for r in server] == [
+        (logging.INFO, None, 0)] * 3
+    assert "bad request (LineTooLong: " in server[0].getMessage()
+    assert len(server[0].getMessage()) < 400
+    exposition = state.metrics.exposition()[0].decode()
+    assert samples(exposition, "stream_dedup_http_bad_requests_total") == {"": 3.0}
 
 
 def test_replay_with_http_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .. import __version__
 from ..config import Settings
@@ -106,6 +108,33 @@ def build_app(state: ApiState) -> web.Application:
     app.router.add_post("/v1/check", _check)
     app.router.add_get("/v1/stats", _stats)
     return app
+
+
+def app_runner(app: web.Application) -> web.AppRunner:
+    """The runner that serves `app` (built by `build_app`): no access log, and a request
+    aiohttp cannot parse is one log line and a count, not an error with a traceback."""
+    return web.AppRunner(app, access_log=None, logger=_ServerLog(app[STATE].metrics))
+
+
+class _ServerLog(logging.LoggerAdapter[logging.Logger]):
+    """aiohttp's server logger, except for requests its parser rejects with a 400 (a header
+    line over 8 KB, a bad request line, ...): anyone who can connect can send those, as
+    often as they like, and aiohttp logs each at ERROR with a traceback. Here each is counted
+    (stream_dedup_http_bad_requests_total) and told in one line, at INFO at most."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(logging.getLogger("aiohttp.server"))
+        self.metrics = metrics
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if not isinstance(exc, HttpProcessingError):
+            super().log(level, msg, *args, **kwargs)
+            return
+        self.metrics.http_bad_requests.inc()
+        told = str(msg) % args if args else str(msg)
+        self.logger.log(min(level, logging.INFO), "%s: bad request (%s: %.200r)", told,
+                        type(exc).__name__, exc.message)
 
 
 # --- middlewares ---------------------------------------------------------------------------

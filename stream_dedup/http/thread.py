@@ -11,6 +11,8 @@ from types import TracebackType
 
 from aiohttp import web
 
+from .app import app_runner
+
 
 class BackgroundServer:
     """`with BackgroundServer(app, host, port):` serves `app` until the block ends.
@@ -42,7 +44,7 @@ class BackgroundServer:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        runner = web.AppRunner(self.app, access_log=None)
+        runner = app_runner(self.app)
         try:
             await runner.setup()
             await web.TCPSite(runner, self.host, self.port).start()

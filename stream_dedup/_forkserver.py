@@ -1,0 +1,8 @@
+"""Imported by the analysis pool's forkserver at its start (forkserver preload), and by
+nothing else: it makes that process, and every worker it forks, ignore SIGINT and SIGTERM
+(see workers.py). Importing the package loads the pipeline too, so a worker is forked with
+it loaded instead of importing it again."""
+
+from .workers import ignore_stop_signals
+
+ignore_stop_signals()

@@ -1,0 +1,128 @@
+"""`serve --workers 2` against a real broker, stopped the ways production stops it: SIGKILL
+(nothing of it may outlive it) and SIGTERM/SIGINT to the whole process group, as systemd and
+Ctrl-C send them, while the workers are busy (exit 0, what was decided is committed, nothing
+is lost). Kill points come from a fixed seed."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import test_service
+from opskit import wait_for
+from test_service import (
+    _crash_topic,
+    _every_page_decided_once_at_least,
+    committed_and_end,
+    decisions_of,
+)
+
+pytestmark = pytest.mark.kafka
+service = test_service.service  # the fixture, found by pytest under its name here
+
+WORKERS = ("--workers", "2", "--batch-size", "300")
+GONE_WITHIN_S = 30.0  # measured: 0.2 s
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state first), None if no such pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the process ended meanwhile
+            pass
+    return found
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += _children(found[-1])
+    return found
+
+
+def _workers(pid: int) -> list[int]:
+    """The pool's worker processes: the children of the forkserver child of `pid`."""
+    for child in _children(pid):
+        try:
+            if b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return _children(child)
+        except OSError:
+            pass
+    return []
+
+
+def _identity(pid: int) -> tuple[int, str] | None:
+    """pid and start time: a pid the kernel gives to another process later is not this one."""
+    fields = _stat(pid)
+    return None if fields is None else (pid, fields[19])
+
+
+def _alive(identity: tuple[int, str]) -> bool:
+    fields = _stat(identity[0])
+    return fields is not None and fields[19] == identity[1] and fields[0] not in "ZX"
+
+
+def _busy(pid: int) -> bool:
+    """A worker of `pid` is running (a batch is being analysed)."""
+    return any((_stat(w) or ["S"])[0] == "R" for w in _workers(pid))
+
+
+def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    t = _crash_topic(kafka_bootstrap, seeds=20)
+    rng = random.Random(1207)
+    for round_ in range(2):
+        svc = service(t, *WORKERS, log=f"run{round_}.log")
+        wait_for("busy workers", lambda s=svc: _busy(s.proc.pid), timeout=120)
+        time.sleep(rng.uniform(0.0, 1.0))
+        tree = [i for i in map(_identity, _tree(svc.proc.pid)) if i is not None]
+        # serve, the resource tracker, the forkserver and two workers
+        assert len(tree) >= 5, tree
+        svc.proc.kill()
+        svc.wait()
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while (left := [i for i in tree if _alive(i)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert left == [], f"still running {GONE_WITHIN_S} s after SIGKILL of serve: {left}"
+    final = service(t, *WORKERS, log="final.log")
+    _every_page_decided_once_at_least(kafka_bootstrap, t)
+    assert final.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_stop_signal_to_the_group_while_workers_are_busy(
+        kafka_bootstrap: str, service, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
+    t = _crash_topic(kafka_bootstrap, seeds=30)
+    rng = random.Random(1208 + sig)
+    svc = service(t, *WORKERS, own_group=True)
+    wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
+    time.sleep(rng.uniform(0.0, 0.5))
+    os.killpg(svc.proc.pid, sig)
+    assert svc.wait(timeout=90) == 0
+    text = svc.text()
+    for sign in ("Traceback", "BrokenProcessPool", "KeyboardInterrupt"):
+        assert sign not in text, text[-3000:]
+    done = re.search(r"stopped after (\d+) records", text)
+    assert done and int(done.group(1)) > 0, text[-3000:]  # the batch in flight was finished
+    decided = len(decisions_of(kafka_bootstrap, t["decisions"]))
+    committed, end = committed_and_end(kafka_bootstrap, t["input"], t["group"])
+    assert committed == decided == int(done.group(1)) < end
+    final = service(t, *WORKERS, log="final.log")
+    # Every record decided before the signal was committed: none is decided a second time.
+    assert _every_page_decided_once_at_least(kafka_bootstrap, t) == 0
+    assert final.stop() == 0

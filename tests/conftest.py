@@ -9,38 +9,14 @@ not a skip.
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from opskit import free_broker_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port(taken: int = 0) -> int:
-    """A free port below the kernel's ephemeral range, never one it would give a client's
-    outgoing connection: a broker on such a port could not restart while a client that
-    reconnects to it held the port (deploy/kafka-local --help, Ports). Random (not seeded):
-    test sessions running at the same time should not pick the same port."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.SystemRandom()
-    for _ in range(1000):
-        port = rng.randrange(10000, low)
-        if port == taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError(f"no free port on 127.0.0.1 below {low}")
 
 
 @pytest.fixture(scope="session")
@@ -50,9 +26,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield given
         return
     directory = tmp_path_factory.mktemp("kafka")
-    port = _free_port()
+    port = free_broker_port()
     env = {**os.environ, "KAFKA_LOCAL_PORT": str(port),
-           "KAFKA_LOCAL_CONTROLLER_PORT": str(_free_port(taken=port))}
+           "KAFKA_LOCAL_CONTROLLER_PORT": str(free_broker_port(taken=port))}
     script = str(REPO / "deploy" / "kafka-local")
     started = subprocess.run([script, "start", str(directory)], env=env, capture_output=True,
                              text=True, timeout=600)

@@ -81,3 +81,26 @@ def samples(exposition: str, name: str) -> dict[str, float]:
 def queried_metrics(expr: str) -> set[str]:
     """Metric names a PromQL expression selects (ours and the process collector's)."""
     return set(re.findall(r"\b((?:stream_dedup|process|python)_[a-z0-9_]+)\b", expr))
+
+
+def free_broker_port(taken: int = 0) -> int:
+    """A free port below the kernel's ephemeral range, never one it would give a client's
+    outgoing connection: a broker on such a port could not restart while a client that
+    reconnects to it held the port (deploy/kafka-local --help, Ports). Random (not seeded):
+    test sessions running at the same time should not pick the same port."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(10000, low)
+        if port == taken:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free port on 127.0.0.1 below {low}")

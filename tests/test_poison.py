@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from opskit import DEPLOY, free_port, get, samples, wait_for
+from opskit import DEPLOY, free_broker_port, free_port, get, samples, wait_for
 from test_service import (
     committed_and_end,
     create_topics,
@@ -171,8 +171,10 @@ def _create_topic(bootstrap: str, topic: str, config: dict[str, str]) -> None:
 def own_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A broker of this test's own, so it can be stopped without touching the others'."""
     directory = tmp_path / "kafka"
-    env = {**os.environ, "KAFKA_LOCAL_PORT": str(free_port()),
-           "KAFKA_LOCAL_CONTROLLER_PORT": str(free_port()), "KAFKA_LOCAL_STOP_TIMEOUT": "10"}
+    port = free_broker_port()  # below the ephemeral range: the broker restarts on it
+    env = {**os.environ, "KAFKA_LOCAL_PORT": str(port),
+           "KAFKA_LOCAL_CONTROLLER_PORT": str(free_broker_port(taken=port)),
+           "KAFKA_LOCAL_STOP_TIMEOUT": "10"}
     script = str(DEPLOY / "kafka-local")
 
     def run(cmd: str) -> str:

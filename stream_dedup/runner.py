@@ -63,11 +63,11 @@ from aiokafka.errors import (
 
 from .config import Settings
 from .errors import KafkaDeliveryError, StreamDedupError
-from .kafka_client import Limits
+from .kafka_client import Limits, stop_within
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator
-from .sinks.kafka import Message, Topics, as_record, messages_for
+from .sinks.kafka import Message, Topics, as_record, messages_for, minimal
 from .sources.kafka import page_from_message, source_of
 
 log = logging.getLogger("stream_dedup.runner")
@@ -416,7 +416,7 @@ class Runner:
             renew = False
             for msg, exc in failed:
                 if isinstance(exc, TOO_LARGE):  # a limit lowered since start
-                    again.append(messages_for_minimum(msg))
+                    again.append(minimal(msg))
                     self.metrics.reduced.labels(msg.output).inc()
                     renew = True
                 elif is_retriable(exc):
@@ -426,7 +426,7 @@ class Runner:
                                              f"{exc}") from exc
             if renew and self.new_producer is not None:
                 old, self.producer = self.producer, await self.new_producer()
-                asyncio.ensure_future(old.stop())
+                await stop_within(old, STOP_GRACE_S)
             if stop.is_set():
                 raise Abandoned("sending")
             exc = failed[0][1]
@@ -492,10 +492,3 @@ class Runner:
             input_format=self.settings.input_format, max_bytes=self.settings.max_page_bytes,
         )
 
-
-def messages_for_minimum(msg: Message) -> Message:
-    """A message the broker still refuses as too large (its limit was lowered after start):
-    no value and no headers but a note, so it always fits."""
-    note = (("stream-dedup-error", b"too-large"),
-            ("stream-dedup-message", f"refused by the broker at {msg.size()} bytes".encode()))
-    return Message(msg.output, msg.topic, b"", (msg.key or b"")[:256], note)

@@ -93,6 +93,14 @@ def messages_for(rec: Record, item: object, d: Decision, topics: Topics,
     return out, reduced
 
 
+def minimal(msg: Message) -> Message:
+    """A message the broker refused as too large although it fit the limits read at start
+    (a limit lowered since): no value, the key clipped, and a note, so it always fits."""
+    note = (("stream-dedup-error", b"too-large"),
+            ("stream-dedup-message", f"refused by the broker at {msg.size()} bytes".encode()))
+    return Message(msg.output, msg.topic, b"", _clip_bytes(msg.key), note)
+
+
 def error_headers(item: Rejected) -> tuple[tuple[str, bytes], ...]:
     return (
         ("stream-dedup-error", item.kind.encode()),

@@ -84,7 +84,9 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--min-shingles", type=int, metavar="N",
                    help="pages with fewer shingles use only the exact layers (default 25)")
     g.add_argument("--max-page-bytes", type=int, metavar="N",
-                   help="reject larger pages (default 8 MiB)")
+                   help="reject larger pages (default 8 MiB). serve: a kept page larger than "
+                        "the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
+                        "there as a reference to its input offset; it says so at start")
     v = parser.add_argument_group("verification of near-duplicate candidates")
     v.add_argument("--verify-rate", type=float, metavar="P",
                    help="share of candidates verified, 0..1 (default 1.0)")

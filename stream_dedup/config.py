@@ -124,6 +124,12 @@ class Settings:
             if topic and (not _TOPIC.fullmatch(topic) or topic in (".", "..")):
                 raise ConfigError(f"{topic!r} is not a valid Kafka topic name (1-249 of "
                                   "a-z A-Z 0-9 . _ -)")
+        outputs = [t for t in (self.decisions_topic, self.kept_topic, self.dead_letter_topic)
+                   if t]
+        if self.input_topic in outputs or len(set(outputs)) < len(outputs):
+            raise ConfigError("the input, decisions, kept and dead-letter topics must be four "
+                              "different topics (an output written to the input topic would "
+                              "be read again, without end)")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
         if self.stall_seconds <= 0:

@@ -178,6 +178,7 @@ class _ToleratingBatch:
 
     def __init__(self, fast: Any, data: bytes) -> None:
         self._fast = fast
+        self._records: Any = fast  # the fast reader's iterator once iter() made it
         self._data = data
         self._rest: Any = None
         self._last = -1
@@ -186,12 +187,13 @@ class _ToleratingBatch:
         return getattr(self._fast, name)
 
     def __iter__(self) -> _ToleratingBatch:
+        self._records = iter(self._fast)  # aiokafka decompresses the batch here
         return self
 
     def __next__(self) -> Any:
         if self._rest is None:
             try:
-                record = next(self._fast)
+                record = next(self._records)
             except UnicodeDecodeError as exc:
                 log.warning("a record with a header key that is not UTF-8 (%s) after offset %d;"
                             " reading the rest of its batch leniently", exc.reason, self._last)

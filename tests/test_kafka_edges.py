@@ -71,6 +71,14 @@ def test_compressed_batch_read_leniently() -> None:
     assert [r.value for r in read_batch(gz, _gunzip)] == [r.value for r in read_batch(plain)]
 
 
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])  # gzip, snappy, lz4, zstd
+def test_compressed_batches_through_the_fetch_path(codec: int) -> None:
+    """The fetcher's way: iter() on the batch (aiokafka decompresses there), then next()."""
+    recs = [(b"k", b"v" * 100, [("a", b"1")]), (b"k2", b"w" * 100, [])]
+    got = [r.value for r in ToleratingRecords(batch(recs, compression=codec)).next_batch()]
+    assert got == [b"v" * 100, b"w" * 100]
+
+
 def _gunzip(codec: int, payload: bytes) -> bytes:
     import gzip
     assert codec == 1

@@ -269,3 +269,22 @@ def test_sigterm_while_the_broker_is_down_exits_within_seconds(own_broker, tmp_p
     committed, end = committed_and_end(bootstrap, t["input"], t["group"])
     decided = {d["source"] for d in decisions_of(bootstrap, t["decisions"])}
     assert committed <= len(decided) and end == len(pages)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "lz4", "zstd", "snappy"])
+def test_compressed_input_batches_with_a_bad_header_key(kafka_bootstrap: str, service,  # noqa: F811
+                                                        codec: str) -> None:  # type: ignore[no-untyped-def]
+    b, t = kafka_bootstrap, names(f"z{codec}")
+    create_topics(b, [t["input"]], partitions=1)
+    lines = b"".join(_good(i)[1] + b"\n" for i in range(6))
+    subprocess.run(["kcat", "-P", "-b", b, "-t", t["input"], "-z", codec, "-H", "x=1"],
+                   input=lines, check=True, timeout=60)
+    subprocess.run([b"kcat", b"-P", b"-b", b.encode(), b"-t", t["input"].encode(), b"-z",
+                    codec.encode(), b"-H", b"\xff\xfekey=v"], input=lines, check=True, timeout=60)
+    svc = service(t, "--batch-size", "5")
+    wait_for("12 decisions", lambda: len(kcat_consume(b, t["decisions"])) >= 12)
+    assert svc.stop() == 0
+    got = decisions_of(b, t["decisions"])
+    assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(12)]
+    assert all(d["decision"] != "reject" for d in got[:6])
+    assert [(d["decision"], d["reason"]) for d in got[6:]] == [("reject", "bad-header")] * 6

@@ -81,14 +81,17 @@ def messages_for(rec: Record, item: object, d: Decision, topics: Topics,
             out.append(smaller(full, cap))
             reduced.append(full.output)
 
-    url_key = d.url.encode("utf-8", "replace") if d.url else rec.key
+    # Never a null key on our own topics (a compacted topic refuses one): the URL, else the
+    # record's key, else its input position. The kept topic gets the original message.
+    position = source_of(rec.topic, rec.partition, rec.offset).encode()
+    url_key = d.url.encode("utf-8", "replace") if d.url else rec.key or position
     add(Message("decision", topics.decisions, d.to_json().encode(), url_key), _reduce_decision(d))
     headers = _safe_headers(rec.headers)
     if d.decision == "keep" and topics.kept:
         add(Message("kept", topics.kept, rec.value or b"", rec.key, headers), _reference(rec))
     elif d.decision == "reject":
         assert isinstance(item, Rejected)
-        add(Message("dead-letter", topics.dead_letter, rec.value or b"", rec.key,
+        add(Message("dead-letter", topics.dead_letter, rec.value or b"", rec.key or position,
                     headers + error_headers(item)), _truncate(item))
     return out, reduced
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from ..errors import PageError
 from ..models import Page, Rejected
-from .jsonl import check_url, page_from_json
+from .jsonl import page_from_json
 from .records import raw_header_key
 
 KafkaHeaders = Sequence[tuple[str, bytes]]
@@ -56,7 +56,12 @@ def page_from_message(
             return page
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
-        check_url(url)
+        if "\ufffd" in url and key is not None:
+            try:
+                key.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PageError("bad-url", f"the message key (the URL) is not UTF-8: {exc}"
+                                ) from None
         meta = {name.lower(): _text(raw) or "" for name, raw in headers}
         return Page(
             url=url,

@@ -46,6 +46,7 @@ log = logging.getLogger("stream_dedup.kafka")
 METADATA_BACKOFF_S = (0.1, 5.0)  # first and longest wait after a failed metadata update
 DEFAULT_MESSAGE_MAX = 1_048_588  # Kafka's default message.max.bytes
 PRODUCER_MAX_REQUEST = 16 * 1024 * 1024  # the client's own cap; the broker's limits decide
+DEFAULT_BATCH = 16_384  # aiokafka's default max_batch_size
 
 
 # --- clients ------------------------------------------------------------------------------
@@ -61,13 +62,16 @@ def consumer_kwargs(s: Settings) -> dict[str, Any]:
     }
 
 
-def producer_kwargs(s: Settings) -> dict[str, Any]:
+def producer_kwargs(s: Settings, max_batch: int = DEFAULT_BATCH) -> dict[str, Any]:
     return {
         "bootstrap_servers": s.bootstrap_servers,
         "acks": "all",
         "enable_idempotence": True,  # retries inside the client do not duplicate
         "linger_ms": 5,
         "max_request_size": PRODUCER_MAX_REQUEST,
+        # The broker holds a whole record batch to a topic's max.message.bytes: small
+        # messages packed together must stay under the smallest limit (Limits.batch).
+        "max_batch_size": max_batch,
         "compression_type": None,
     }
 
@@ -79,8 +83,9 @@ def make_consumer(s: Settings, failed: Callable[[], None]) -> AIOKafkaConsumer:
     return consumer
 
 
-def make_producer(s: Settings, failed: Callable[[], None]) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(**producer_kwargs(s))
+def make_producer(s: Settings, failed: Callable[[], None],
+                  max_batch: int = DEFAULT_BATCH) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(**producer_kwargs(s, max_batch))
     throttle_metadata(producer.client, failed)
     return producer
 
@@ -258,6 +263,10 @@ class Limits:
 
     def of(self, topic: str) -> int:
         return min(self.topics.get(topic, self.broker), PRODUCER_MAX_REQUEST)
+
+    def batch(self, topics: list[str]) -> int:
+        """The producer's batch size: within the smallest limit of the output topics."""
+        return max(1024, min([DEFAULT_BATCH, *(self.of(t) for t in topics)]))
 
 
 async def read_limits(s: Settings, topics: list[str]) -> Limits:

@@ -67,7 +67,7 @@ from .kafka_client import Limits, stop_within
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator
-from .sinks.kafka import Message, Topics, as_record, messages_for, minimal
+from .sinks.kafka import Message, Topics, as_record, messages_for
 from .sources.kafka import page_from_message, source_of
 
 log = logging.getLogger("stream_dedup.runner")
@@ -416,7 +416,13 @@ class Runner:
             renew = False
             for msg, exc in failed:
                 if isinstance(exc, TOO_LARGE):  # a limit lowered since start
-                    again.append(minimal(msg))
+                    smallest = msg.floor()
+                    if smallest is None:
+                        raise KafkaDeliveryError(
+                            f"{msg.topic} refuses a {msg.output} message of {msg.size()} "
+                            "bytes, the smallest it can be: raise the topic's "
+                            "max.message.bytes") from exc
+                    again.append(smallest)
                     self.metrics.reduced.labels(msg.output).inc()
                     renew = True
                 elif is_retriable(exc):

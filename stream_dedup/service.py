@@ -27,6 +27,7 @@ from .config import Settings
 from .errors import StreamDedupError
 from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
+    DEFAULT_BATCH,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
@@ -117,7 +118,8 @@ class Service:
         producer = make_producer(settings, lambda: m.kafka_error("metadata"))
 
         async def new_producer() -> AIOKafkaProducer:
-            fresh = make_producer(settings, lambda: m.kafka_error("metadata"))
+            fresh = make_producer(settings, lambda: m.kafka_error("metadata"),
+                                  runner.limits.batch(self._output_topics()))
             await retry("restarting the producer", fresh.start, stop,
                         lambda _: m.kafka_error("connect"))
             return fresh
@@ -136,8 +138,17 @@ class Service:
                             client.start, stop, lambda _: m.kafka_error("connect"))
                 started.append(client)
             self.connected = True
-            runner.limits = await read_limits(settings, self._output_topics())
+            runner.limits = limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(runner)
+            batch = limits.batch(self._output_topics())
+            if batch < DEFAULT_BATCH:  # an output topic accepts less than a default batch
+                small = make_producer(settings, lambda: m.kafka_error("metadata"), batch)
+                await retry("restarting the producer", small.start, stop,
+                            lambda _: m.kafka_error("connect"))
+                await stop_within(runner.producer, CLOSE_TIMEOUT_S)
+                runner.producer = small
+                log.info("producer batches of at most %d bytes (the smallest output topic "
+                         "limit)", batch)
             log.info("connected; consuming")
             await runner.run(stop)
         except Abandoned:

@@ -288,3 +288,32 @@ def test_compressed_input_batches_with_a_bad_header_key(kafka_bootstrap: str, se
     assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(12)]
     assert all(d["decision"] != "reject" for d in got[:6])
     assert [(d["decision"], d["reason"]) for d in got[6:]] == [("reject", "bad-header")] * 6
+
+
+def test_output_topics_with_small_limits(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Output topics that accept a few KB: small messages are not packed into a batch the
+    broker refuses (it holds a whole batch to the limit), and what does not fit alone is
+    reduced, never emptied."""
+    b, t = kafka_bootstrap, names("small")
+    create_topics(b, [t["input"]], partitions=1)
+    _create_topic(b, t["decisions"], {"max.message.bytes": "5000"})
+    _create_topic(b, t["kept"], {"max.message.bytes": "3000"})
+    _create_topic(b, t["dead"], {"max.message.bytes": "2000"})
+    small = [(f"https://s.example/{i}", json.dumps({"url": f"https://s.example/{i}", "html":
+              f"<p>page {i}: " + " ".join(f"w{i}x{j}" for j in range(60)) + "</p>"}).encode())
+             for i in range(30)]
+    bad = [(f"k{i}", b"{not json " + b"x" * 1200) for i in range(10)]
+    kcat_produce(b, t["input"], small + bad)
+    svc = service(t, "--batch-size", "50")
+    wait_for("40 decisions", lambda: len(kcat_consume(b, t["decisions"])) >= 40, timeout=120)
+    assert svc.stop() == 0
+    got = decisions_of(b, t["decisions"])  # every value parses as a decision
+    assert [d["decision"] for d in got] == ["keep"] * 30 + ["reject"] * 10
+    kept = kcat_consume(b, t["kept"])
+    assert [json.loads(m["payload"])["url"] for m in kept] == [u for u, _ in small]
+    dead = kcat_consume(b, t["dead"])
+    assert len(dead) == 10 and all(
+        _headers(m)["stream-dedup-source"].startswith(t["input"] + "/0/")
+        and _headers(m)["stream-dedup-error"] == "bad-json"
+        and m["payload"].startswith("{not json") for m in dead)
+    assert "producer batches of at most 2000 bytes" in svc.text()

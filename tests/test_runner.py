@@ -167,15 +167,20 @@ def test_only_unacknowledged_messages_are_sent_again(tmp_path: Path) -> None:
     assert consumer.committed == {P0: 3, P1: 3}
 
 
-def test_a_message_the_broker_still_refuses_as_too_large_is_cut_to_its_minimum() -> None:
+def test_a_message_the_broker_still_refuses_as_too_large_is_sent_at_its_floor() -> None:
+    """The broker's limit was lowered after start: the decision goes again in its reduced
+    form (still the whole decision as JSON); refused again, the service stops and says why."""
     settings = Settings(kept_topic="kept", batch_size=100)
     records = {P0: [record(P0, 0, json.dumps({"url": "https://a/", "html": html(
         [" ".join(_WORDS[:300])])}).encode())]}
     producer = FakeProducer([MessageSizeTooLargeError()])  # the decision, first try
     producer, consumer = asyncio.run(run(settings, records, [P0], producer))
-    topics = [(t, h.get("stream-dedup-error")) for t, _, h in producer.sent]
-    assert topics == [("kept", None), ("decisions", b"too-large")]
+    (topic, value, headers), = [m for m in producer.sent if m[0] == "decisions"]
+    assert json.loads(value)["decision"] == "keep" and "stream-dedup-reduced" in headers
     assert consumer.committed == {P0: 1}
+    producer = FakeProducer([MessageSizeTooLargeError()] * 2)  # no kept topic: both hit it
+    with pytest.raises(KafkaDeliveryError, match="max.message.bytes"):
+        asyncio.run(run(Settings(batch_size=100), records, [P0], producer))
 
 
 def test_a_non_retriable_error_stops_with_its_name() -> None:

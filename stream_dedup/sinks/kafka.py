@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..models import Decision, DuplicateOf, Rejected
 from ..sources.kafka import KafkaHeaders, is_utf8, source_of
@@ -40,11 +40,19 @@ class Message:
     value: bytes
     key: bytes | None
     headers: tuple[tuple[str, bytes], ...] = ()
+    # Makes a smaller form, for a topic that accepts at most `cap` bytes (0: the smallest
+    # that still says what it must: the reduced decision, the reference, the dead letter
+    # without the record's bytes); None when this message is that smallest form.
+    shrink: Callable[[Message, int], Message] | None = field(default=None, compare=False)
 
     def size(self) -> int:
         """Bytes of a batch holding only this message (what the broker compares)."""
         return (BATCH_OVERHEAD + len(self.value) + len(self.key or b"")
                 + sum(len(k.encode()) + len(v) + HEADER_OVERHEAD for k, v in self.headers))
+
+    def floor(self) -> Message | None:
+        """The smallest form, for a broker that refused this one; None if this is it."""
+        return None if self.shrink is None else self.shrink(self, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,35 +81,29 @@ def messages_for(rec: Record, item: object, d: Decision, topics: Topics,
     out: list[Message] = []
     reduced: list[str] = []
 
-    def add(full: Message, smaller: Callable[[Message, int], Message]) -> None:
+    def add(full: Message) -> None:
         cap = limit(full.topic)
         if full.size() <= cap:
             out.append(full)
         else:
-            out.append(smaller(full, cap))
+            assert full.shrink is not None
+            out.append(full.shrink(full, cap))
             reduced.append(full.output)
 
     # Never a null key on our own topics (a compacted topic refuses one): the URL, else the
     # record's key, else its input position. The kept topic gets the original message.
     position = source_of(rec.topic, rec.partition, rec.offset).encode()
     url_key = d.url.encode("utf-8", "replace") if d.url else rec.key or position
-    add(Message("decision", topics.decisions, d.to_json().encode(), url_key), _reduce_decision(d))
+    add(Message("decision", topics.decisions, d.to_json().encode(), url_key, (),
+                _reduce_decision(d)))
     headers = _safe_headers(rec.headers)
     if d.decision == "keep" and topics.kept:
-        add(Message("kept", topics.kept, rec.value or b"", rec.key, headers), _reference(rec))
+        add(Message("kept", topics.kept, rec.value or b"", rec.key, headers, _reference(rec)))
     elif d.decision == "reject":
         assert isinstance(item, Rejected)
         add(Message("dead-letter", topics.dead_letter, rec.value or b"", rec.key or position,
-                    headers + error_headers(item)), _truncate(item))
+                    headers + error_headers(item), _truncate(item)))
     return out, reduced
-
-
-def minimal(msg: Message) -> Message:
-    """A message the broker refused as too large although it fit the limits read at start
-    (a limit lowered since): no value, the key clipped, and a note, so it always fits."""
-    note = (("stream-dedup-error", b"too-large"),
-            ("stream-dedup-message", f"refused by the broker at {msg.size()} bytes".encode()))
-    return Message(msg.output, msg.topic, b"", _clip_bytes(msg.key), note)
 
 
 def error_headers(item: Rejected) -> tuple[tuple[str, bytes], ...]:
@@ -136,10 +138,12 @@ def _reference(rec: Record) -> Callable[[Message, int], Message]:
 
 def _truncate(item: Rejected) -> Callable[[Message, int], Message]:
     def smaller(full: Message, cap: int) -> Message:
-        headers = (*error_headers(item), ("stream-dedup-truncated", str(len(full.value)).encode()))
+        headers = (*error_headers(item),
+                   ("stream-dedup-truncated", str(len(item.raw or b"")).encode()))
         key = _clip_bytes(full.key)
         room = cap - Message(full.output, full.topic, b"", key, headers).size()
-        return Message(full.output, full.topic, full.value[:max(0, room)], key, headers)
+        value = full.value[:max(0, room)]
+        return Message(full.output, full.topic, value, key, headers, smaller if value else None)
     return smaller
 
 

@@ -42,6 +42,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -205,6 +206,7 @@ class Runner:
         metrics: Metrics | None = None,
         limits: Limits | None = None,
         new_producer: Callable[[], Awaitable[AIOKafkaProducer]] | None = None,
+        new_pool: Callable[[], Executor] | None = None,
     ) -> None:
         self.settings = settings
         self.dedup = dedup
@@ -216,6 +218,7 @@ class Runner:
         # A producer that hit a non-retriable error (its idempotent sequence numbers may no
         # longer match the broker's) is replaced by a new one before anything is resent.
         self.new_producer = new_producer
+        self.new_pool = new_pool  # a worker died (OOM killer...): new workers for the next
         self.topics = Topics(settings.decisions_topic, settings.kept_topic,
                              settings.dead_letter_topic)
         self.stats = RunStats()
@@ -472,6 +475,12 @@ class Runner:
             return items, self.dedup.check_batch(items, self.pool)
         except StreamDedupError:
             raise  # the index cannot be written: stop (nothing more is committed)
+        except BrokenProcessPool:
+            log.error("a worker process died while analysing a batch of %d; starting new "
+                      "workers, and deciding this batch in this process", len(items))
+            broken, self.pool = self.pool, self.new_pool() if self.new_pool else None
+            if broken is not None:
+                broken.shutdown(wait=False, cancel_futures=True)
         except Exception:
             log.exception("deciding a batch of %d raised; deciding its pages one at a time",
                           len(items))

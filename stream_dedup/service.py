@@ -124,8 +124,9 @@ class Service:
                         lambda _: m.kafka_error("connect"))
             return fresh
 
-        runner = self.runner = Runner(settings, dedup, consumer, producer, pool, m,
-                                      new_producer=new_producer)
+        runner = self.runner = Runner(
+            settings, dedup, consumer, producer, pool, m, new_producer=new_producer,
+            new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None)
         consumer.subscribe([settings.input_topic], listener=runner.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
@@ -165,8 +166,8 @@ class Service:
             await asyncio.gather(*(
                 stop_within(runner.producer if client is producer else client, CLOSE_TIMEOUT_S)
                 for client in started))
-            if pool is not None:
-                pool.shutdown()
+            if runner.pool is not None:
+                runner.pool.shutdown()
             await asyncio.to_thread(dedup.close)
             s = runner.stats
             log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",

@@ -2,7 +2,7 @@
 
     parent (serve, replay) ─┬─ resource tracker   ignores SIGINT/SIGTERM (multiprocessing does)
                             └─ forkserver         ignores SIGINT/SIGTERM (`_forkserver` preload)
-                                 ├─ worker 1      inherits that; a thread reads `_ALIVE`
+                                 ├─ worker 1      inherits that; a thread reads `alive`
                                  └─ worker N      and exits at EOF (the parent is gone)
 
 Stop signals: Ctrl-C and systemd send SIGINT/SIGTERM to the whole process group. Only the
@@ -15,8 +15,9 @@ forkserver has set them to ignored waits, blocked, and is dropped then.
 Death of the parent (SIGKILL, OOM): each worker holds the forkserver's "alive" pipe and the
 resource tracker's pipe open, and waits on a task queue whose write end it also holds, so
 none of them would ever see EOF: forkserver, tracker and workers ran on as orphans. A daemon
-thread in each worker reads `_ALIVE`, a pipe whose only write end is in the parent; at EOF the
-worker exits, the forkserver and the tracker then see their pipes close and exit too.
+thread in each worker reads its pool's `alive` pipe, whose only write end is in the parent;
+at EOF the worker exits, the forkserver and the tracker then see their pipes close and exit
+too. The pool's shutdown closes that write end too: no worker outlives its pool either.
 PR_SET_PDEATHSIG does not fit: a worker's parent is the forkserver, which does not die, and
 the forkserver's is whichever thread of ours first started it (it fires when that thread ends).
 """
@@ -35,19 +36,28 @@ from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-# Read end (sent to every worker) and write end (never leaves this process) of the pipe that
-# tells a worker its parent is alive. One per process, open until the process ends.
-_ALIVE: tuple[Connection, Connection] | None = None
-_ALIVE_LOCK = threading.Lock()
+
+class WorkerPool(ProcessPoolExecutor):
+    """A process pool that owns the write end of its workers' `alive` pipe: closing it at
+    shutdown makes every worker exit, also one the pool would wait for in vain (a pool
+    broken by a worker's death ends the others with SIGTERM, which they ignore)."""
+
+    def __init__(self, workers: int, ctx: Any, initializer: Callable[..., None],
+                 initargs: tuple[Any, ...]) -> None:
+        alive, self._alive = multiprocessing.Pipe(duplex=False)
+        super().__init__(workers, mp_context=ctx, initializer=_init,
+                         initargs=(alive, initializer, initargs))
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        self._alive.close()  # idempotent; every worker sees EOF and exits
+        if wait:
+            super().shutdown(wait=True)
 
 
 def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
          ) -> ProcessPoolExecutor:
     """A forkserver process pool whose workers ignore stop signals and die with this process."""
-    global _ALIVE
-    with _ALIVE_LOCK:
-        if _ALIVE is None:
-            _ALIVE = multiprocessing.Pipe(duplex=False)
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([f"{__package__}._forkserver"])
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -55,8 +65,7 @@ def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ..
         forkserver.ensure_running()  # inherits the blocked signals (fork and exec keep them)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init,
-                               initargs=(_ALIVE[0], initializer, initargs))
+    return WorkerPool(workers, ctx, initializer, initargs)
 
 
 def ignore_stop_signals() -> None:

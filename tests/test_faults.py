@@ -126,3 +126,21 @@ def test_stop_signal_to_the_group_while_workers_are_busy(
     # Every record decided before the signal was committed: none is decided a second time.
     assert _every_page_decided_once_at_least(kafka_bootstrap, t) == 0
     assert final.stop() == 0
+
+
+def test_a_worker_killed_mid_run_is_replaced_and_stop_still_exits(kafka_bootstrap: str,
+                                                                  service) -> None:  # type: ignore[no-untyped-def]
+    """The OOM killer takes one worker: the batch is decided in the parent, new workers
+    serve the next batches, every record is decided, and SIGTERM exits 0 within seconds
+    (the broken pool's other worker ignores the SIGTERM the pool ends it with)."""
+    t = _crash_topic(kafka_bootstrap, seeds=30)
+    svc = service(t, *WORKERS)
+    wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
+    victim = _workers(svc.proc.pid)[0]
+    os.kill(victim, signal.SIGKILL)
+    wait_for("new workers", lambda: _workers(svc.proc.pid)
+             and victim not in _workers(svc.proc.pid) and "starting new workers" in svc.text())
+    _every_page_decided_once_at_least(kafka_bootstrap, t)
+    started = time.monotonic()
+    assert svc.stop(timeout=30) == 0
+    assert time.monotonic() - started < 15

@@ -36,7 +36,7 @@ from .kafka_client import (
 )
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
-from .runner import Abandoned, Runner, retry
+from .runner import Abandoned, Runner, retry, within_grace
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -135,9 +135,13 @@ class Service:
         started: list[Any] = []
         try:
             for name, client in (("producer", producer), ("consumer", consumer)):
+                started.append(client)  # closed at the end even if its start is cut short
+                # A stop cuts a start short: a hung broker can hold one for 40 s.
                 await retry(f"connecting the {name} to {settings.bootstrap_servers}",
-                            client.start, stop, lambda _: m.kafka_error("connect"))
-                started.append(client)
+                            lambda c=client: within_grace(c.start(), stop), stop,
+                            lambda _: m.kafka_error("connect"))
+            if stop.is_set():
+                raise Abandoned("stopped while connecting")
             self.connected = True
             runner.limits = limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(runner)

@@ -286,6 +286,27 @@ def test_an_oversized_header_line_is_one_log_line_and_counted(
     assert samples(exposition, "stream_dedup_http_bad_requests_total") == {"": 3.0}
 
 
+def test_uploads_cut_short_by_the_client_are_counted_not_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    state = _state()
+    caplog.set_level(logging.INFO, logger="aiohttp")
+    with BackgroundServer(build_app(state), "127.0.0.1", port):
+        for _ in range(20):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: 100\r\n\r\nabc")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and samples(
+                state.metrics.exposition()[0].decode(),
+                "stream_dedup_http_bad_requests_total") != {"": 20.0}:
+            time.sleep(0.05)
+        assert get_json(f"http://127.0.0.1:{port}/healthz") == {"status": "ok"}
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("aiohttp")] == []
+    exposition = state.metrics.exposition()[0].decode()
+    assert samples(exposition, "stream_dedup_http_bad_requests_total") == {"": 20.0}
+
+
 def test_replay_with_http_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from stream_dedup.sample import write_sample
 

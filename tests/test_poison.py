@@ -178,14 +178,23 @@ def own_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
     script = str(DEPLOY / "kafka-local")
 
     def run(cmd: str) -> str:
+        """start, stop, or freeze/thaw (SIGSTOP/SIGCONT: a hung broker, not a dead one)."""
+        if cmd in ("freeze", "thaw"):
+            pid = int((directory / "kafka.pid").read_text())
+            os.kill(pid, signal.SIGSTOP if cmd == "freeze" else signal.SIGCONT)
+            return ""
         done = subprocess.run([script, cmd, str(directory)], env=env, capture_output=True,
                               text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout.strip().splitlines()[-1] if cmd == "start" else ""
 
     bootstrap = run("start")
-    yield bootstrap, run
-    subprocess.run([script, "stop", str(directory)], env=env, capture_output=True, timeout=120)
+    try:
+        yield bootstrap, run
+    finally:
+        run("thaw")
+        subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
+                       timeout=120)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -317,3 +326,28 @@ def test_output_topics_with_small_limits(kafka_bootstrap: str, service) -> None:
         and _headers(m)["stream-dedup-error"] == "bad-json"
         and m["payload"].startswith("{not json") for m in dead)
     assert "producer batches of at most 2000 bytes" in svc.text()
+
+
+def test_sigterm_while_connecting_to_a_hung_broker(own_broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A broker that accepts connections but never answers (SIGSTOP) holds a client's start
+    for its request timeout (40 s): a stop must not wait for it."""
+    bootstrap, broker = own_broker
+    t = names("hung")
+    broker("freeze")
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
+             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
+             "--dead-letter-topic", t["dead"], "--group-id", t["group"], "--http-port", "0"],
+            stdout=fh, stderr=fh)
+    try:
+        wait_for("the service to start connecting",
+                 lambda: "stream-dedup serve:" in log.read_text(errors="replace"))
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert time.monotonic() - started < 10, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -128,6 +128,10 @@ class _ServerLog(logging.LoggerAdapter[logging.Logger]):
 
     def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         exc = kwargs.get("exc_info")
+        if isinstance(exc, ConnectionError):  # the client went away mid-request
+            self.metrics.http_bad_requests.inc()
+            self.logger.debug("client disconnected mid-request (%s)", type(exc).__name__)
+            return
         if not isinstance(exc, HttpProcessingError):
             super().log(level, msg, *args, **kwargs)
             return

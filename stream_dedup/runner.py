@@ -169,18 +169,12 @@ class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         # Resume where the index says it is: a persistent index stores the offsets of the
         # pages it holds atomically with them, and may be ahead of the group's commit.
         stored = self._runner.dedup.index.offsets()
-        resume = {tp: stored[f"{tp.topic}/{tp.partition}"] for tp in assigned
-                  if f"{tp.topic}/{tp.partition}" in stored}
-        ends = await self._runner.consumer.end_offsets(list(resume)) if resume else {}
-        for tp, offset in resume.items():
-            if offset > ends.get(tp, offset):  # the topic was re-created, or truncated
-                log.warning("%s/%d: the index holds pages up to offset %d but the partition "
-                            "ends at %d (re-created?): resuming from the group's offset "
-                            "instead", tp.topic, tp.partition, offset, ends[tp])
-                continue
-            self._runner.consumer.seek(tp, offset)
-            log.info("%s/%d: resuming at offset %d, as stored in the index",
-                     tp.topic, tp.partition, offset)
+        for tp in assigned:
+            offset = stored.get(f"{tp.topic}/{tp.partition}")
+            if offset is not None:
+                self._runner.consumer.seek(tp, offset)
+                log.info("%s/%d: resuming at offset %d, as stored in the index",
+                         tp.topic, tp.partition, offset)
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:

@@ -63,9 +63,6 @@ class FakeConsumer:
     def highwater(self, tp: TopicPartition) -> int:
         return len(self.records[tp])
 
-    async def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: len(self.records[tp]) for tp in tps}
-
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self.committed.update(offsets)
 
@@ -192,12 +189,3 @@ def test_a_non_retriable_error_stops_with_its_name() -> None:
     with pytest.raises(KafkaDeliveryError, match="TopicAuthorizationFailed"):
         asyncio.run(run(settings, near_pairs(1), [P0, P1], producer))
 
-
-def test_an_index_ahead_of_a_recreated_topic_does_not_skip_its_records(tmp_path: Path) -> None:
-    """The index holds pages up to offset 10 of a topic that was deleted and created again
-    with 3 records: resuming at 10 would skip them all."""
-    settings = Settings(index="lsm", index_path=str(tmp_path / "index"), batch_size=40)
-    asyncio.run(run(settings, near_pairs(10), [P0, P1]))
-    fresh = {tp: records[:3] for tp, records in near_pairs(10).items()}
-    again, consumer = asyncio.run(run(settings, fresh, [P0, P1]))
-    assert len(again.decisions()) == 6 and consumer.committed == {P0: 3, P1: 3}

@@ -398,6 +398,7 @@ def test_lsm_index_makes_crashes_invisible_in_the_decisions(
         svc.stop(signal.SIGKILL)
     final = service(t, *lsm, log="final.log")
     _every_page_decided_once_at_least(kafka_bootstrap, t)
+    wait_for("the last run to resume", lambda: "partitions assigned" in final.text())
     assert final.stop() == 0
 
     def key(d: dict[str, Any]) -> tuple[Any, ...]:

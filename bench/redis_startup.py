@@ -152,8 +152,9 @@ def main() -> int:
         print(f"redis-py {redis.__version__} {mode} round {n}: {counts} "
               f"crashed={result['crashed']} unclosed={result['unclosed']} "
               f"errors={dict(result['errors'])}", flush=True)
-    print(f"redis-py {redis.__version__}: {bad_rounds} of {args.rounds} rounds had failures or leaks "
-          f"({args.processes} processes x {args.clients} clients, {args.commands} shared calls)")
+    print(f"redis-py {redis.__version__}: {bad_rounds} of {args.rounds} rounds had failures "
+          f"or leaks ({args.processes} processes x {args.clients} clients, "
+          f"{args.commands} shared calls)")
     return 1 if bad_rounds else 0
 
 

@@ -44,11 +44,12 @@ def _pids(directory: Path) -> dict[int, int]:
 
 
 def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for whoever adopted it to reap it."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
         return False
-    return True
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 @pytest.fixture

@@ -86,9 +86,10 @@ def test_keys_land_on_all_three_masters(cluster: RedisCluster) -> None:
 
 
 async def _start_up(url: str, clients: int, calls: int) -> tuple[list[Any], list[str]]:
-    """CLIENTS async cluster clients initialized at once, CLIENTS more whose first call is a
-    command, and one fresh client given CALLS first commands at once. Returns every outcome
-    and what asyncio's exception handler was told (a client dropped with open connections)."""
+    """CLIENTS async cluster clients initialized at once, CLIENTS more whose first calls are 5
+    commands at once, and one fresh client given CALLS first commands at once. Returns every
+    outcome and what asyncio's exception handler was told (a client dropped with open
+    connections)."""
     told: list[str] = []
     asyncio.get_running_loop().set_exception_handler(
         lambda _loop, context: told.append(str(context.get("message"))))
@@ -108,7 +109,7 @@ async def _start_up(url: str, clients: int, calls: int) -> tuple[list[Any], list
     shared = AsyncRedisCluster.from_url(url)
     calls_made = [
         *(initialized(c, f"{tag}:i:{n}") for n, c in enumerate(first)),
-        *(set_get(c, f"{tag}:l:{n}") for n, c in enumerate(lazy)),
+        *(set_get(c, f"{tag}:l:{n}:{m}") for n, c in enumerate(lazy) for m in range(5)),
         *(set_get(shared, f"{tag}:s:{n}") for n in range(calls)),
     ]
     outcomes = await asyncio.wait_for(asyncio.gather(*calls_made, return_exceptions=True), 20)
@@ -123,7 +124,7 @@ def test_many_cluster_clients_start_at_once(redis_url: str) -> None:
     outcomes, told = asyncio.run(_start_up(redis_url, clients=20, calls=100))
     errors = [repr(o) for o in outcomes if isinstance(o, BaseException)]
     assert errors == [] and told == []
-    assert all(isinstance(o, bytes) for o in outcomes) and len(outcomes) == 140
+    assert all(isinstance(o, bytes) for o in outcomes) and len(outcomes) == 20 + 100 + 100
 
 
 def test_several_processes_start_at_once(redis_url: str) -> None:

@@ -1,9 +1,10 @@
-"""Shared fixtures. Broker tests talk to a real Apache Kafka broker (deploy/kafka-local).
+"""Shared fixtures. Broker tests talk to a real Apache Kafka broker (deploy/kafka-local),
+Redis tests to a real Redis Cluster of 3 masters (deploy/redis-local).
 
-If STREAM_DEDUP_TEST_BOOTSTRAP is set (as .ci/run does) the tests use that broker; otherwise
-the first broker test starts one in a temporary directory on free ports below the ephemeral
-range and stops it at the end of the session. A broker that cannot be started is an error,
-not a skip.
+If STREAM_DEDUP_TEST_BOOTSTRAP / STREAM_DEDUP_TEST_REDIS are set (as .ci/run does) the tests
+use that broker / cluster; otherwise the first test that needs one starts it in a temporary
+directory on free ports below the ephemeral range and stops it at the end of the session.
+A broker or cluster that cannot be started is an error, not a skip.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from opskit import free_broker_port
+from opskit import free_broker_port, free_redis_ports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,3 +40,25 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     finally:
         subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
                        timeout=120)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """redis://127.0.0.1:PORT, a seed node of a 3-master Redis Cluster."""
+    given = os.environ.get("STREAM_DEDUP_TEST_REDIS")
+    if given:
+        yield given
+        return
+    directory = tmp_path_factory.mktemp("redis")
+    env = {**os.environ, "REDIS_LOCAL_PORT": str(free_redis_ports(3)),
+           "REDIS_LOCAL_MODE": "cluster", "REDIS_LOCAL_REPLICAS": "0"}
+    script = str(REPO / "deploy" / "redis-local")
+    started = subprocess.run([script, "start", str(directory)], env=env, capture_output=True,
+                             text=True, timeout=120)
+    if started.returncode != 0:
+        pytest.fail(f"could not start a Redis Cluster:\n{started.stderr[-3000:]}")
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
+                       timeout=60)

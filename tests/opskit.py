@@ -83,24 +83,44 @@ def queried_metrics(expr: str) -> set[str]:
     return set(re.findall(r"\b((?:stream_dedup|process|python)_[a-z0-9_]+)\b", expr))
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_broker_port(taken: int = 0) -> int:
     """A free port below the kernel's ephemeral range, never one it would give a client's
     outgoing connection: a broker on such a port could not restart while a client that
     reconnects to it held the port (deploy/kafka-local --help, Ports). Random (not seeded):
     test sessions running at the same time should not pick the same port."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+    low = _ephemeral_low()
     rng = random.SystemRandom()
     for _ in range(1000):
         port = rng.randrange(10000, low)
-        if port == taken:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        return port
+        if port != taken and _port_free(port):
+            return port
     raise RuntimeError(f"no free port on 127.0.0.1 below {low}")
+
+
+def free_redis_ports(count: int) -> int:
+    """The first of COUNT consecutive free ports for deploy/redis-local: each, and its cluster
+    bus port (+10000), free and below the ephemeral range (see free_broker_port)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        first = rng.randrange(10000, low - 10000 - count)
+        ports = [*range(first, first + count), *range(first + 10000, first + 10000 + count)]
+        if all(_port_free(p) for p in ports):
+            return first
+    raise RuntimeError(f"no {count} free ports (and bus ports) on 127.0.0.1 below {low}")

@@ -19,6 +19,7 @@ from stream_dedup.cli import build_parser
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 PROMETHEUS = DEPLOY / "prometheus"
+REDIS_NODES = ("redis-1", "redis-2", "redis-3")
 GRAFANA = DEPLOY / "grafana"
 
 
@@ -100,7 +101,8 @@ def test_compose_file_matches_the_compose_schema() -> None:
 
 def test_compose_stack_is_complete_and_real() -> None:
     services = _compose()["services"]
-    assert set(services) == {"kafka", "stream-dedup", "sample-crawl", "prometheus", "grafana"}
+    assert set(services) == {"kafka", "stream-dedup", "sample-crawl", "prometheus", "grafana",
+                             *REDIS_NODES, "redis-cluster-init"}
     images = {name: s.get("image", "") for name, s in services.items()}
     assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", images["kafka"])
     assert re.fullmatch(r"prom/prometheus:v\d+\.\d+\.\d+", images["prometheus"])
@@ -135,6 +137,29 @@ def test_compose_commands_are_real_stream_dedup_commands() -> None:
     assert calls[1].to_kafka == serve.input_topic == "pages"
     assert calls[1].inputs == [f"{calls[0].directory}/sample.warc.gz",
                                f"{calls[0].directory}/sample.jsonl"]
+
+
+def test_compose_redis_cluster_is_three_masters_joined_once() -> None:
+    services = _compose()["services"]
+    for name in REDIS_NODES:
+        node = services[name]
+        assert re.fullmatch(r"redis:\d+\.\d+\.\d+", node["image"])
+        command = node["command"]
+        options = dict(zip(command[1::2], command[2::2], strict=True))
+        assert command[0] == "redis-server" and options["--cluster-enabled"] == "yes"
+        assert options["--cluster-announce-hostname"] == name  # clients follow MOVED to it
+        assert options["--cluster-preferred-endpoint-type"] == "hostname"
+        assert (options["--appendonly"], options["--save"]) == ("no", "")
+        assert options["--maxmemory-policy"] == "noeviction"
+        assert "ports" not in node  # the addresses it announces mean nothing on the host
+    init = services["redis-cluster-init"]
+    assert init["image"] == services["redis-1"]["image"] and init["restart"] == "no"
+    assert set(init["depends_on"]) == set(REDIS_NODES)
+    assert all(d["condition"] == "service_healthy" for d in init["depends_on"].values())
+    script = init["command"][0].replace("$$", "$")
+    assert subprocess.run(["sh", "-n", "-c", script]).returncode == 0
+    assert "--cluster create $nodes --cluster-replicas 0 --cluster-yes" in script
+    assert f"for host in {' '.join(REDIS_NODES)}; do" in script
 
 
 def test_dockerfile_is_slim_and_non_root() -> None:

@@ -83,8 +83,9 @@ _BREAKING_BITS = _bitmap(_BREAKING_IDS)
 
 
 def _bind_native() -> bool:
-    """Bind the kernel's walk to the loaded selectolax, calibrated on a known text node.
-    False (and the Python walk) if this selectolax does not export what it needs."""
+    """Bind the kernel's walk to the loaded selectolax, calibrated on a text node of a
+    document made for it. False (and the Python walk) if this selectolax does not export what
+    the kernel needs or its text nodes are not laid out as the calibration requires."""
     if _native is None or max(_INVISIBLE_IDS | _BREAKING_IDS) >= _TAG_BITS:
         return False
     marker = "stream-dedup calibration text 0123456789"
@@ -94,7 +95,7 @@ def _bind_native() -> bool:
     if text is None:
         return False
     try:
-        _native.bind_lexbor(selectolax.lexbor.__file__, text.mem_id, text.tag_id, marker.encode())
+        _native.bind_lexbor(selectolax.lexbor.__file__, text, marker.encode(), b"recalibrated")
     except ImportError:
         return False
     return True
@@ -174,8 +175,8 @@ def _extract(html: str, boilerplate: bool, *, allow_noframes: bool) -> str:
         _walk(body, drop, frozenset())
         _strip_boilerplate(body)
         drop = frozenset()
-    if NATIVE_WALK:  # `tree` holds the document while the kernel reads it
-        return _native.visible_text(body.mem_id, _INVISIBLE_BITS, _BREAKING_BITS)
+    if NATIVE_WALK:
+        return _native.visible_text(tree, _INVISIBLE_BITS, _BREAKING_BITS)
     _walk(body, drop, _BREAKING_IDS)
     return body.text()
 

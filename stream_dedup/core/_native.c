@@ -3,7 +3,8 @@
  * numpy's temporaries and Python calls per token; and the memory index's hot loops, whose
  * Python twins are in index/memory.py (tests/test_index.py compares them).
  *
- *   visible_text(body, drop, brk)  walk of a lexbor tree parsed by selectolax
+ *   visible_text(parser, drop, brk) walk of a lexbor tree parsed by selectolax
+ *   too_deep, nesting_depth         the nesting model of nesting.py (in _nesting.c)
  *   tokenize(text, classes, keys)  canonical code points and one hash per token
  *   block_path(name=None)          which build of the tokenizer's ASCII block path runs
  *   shingles(hashes, mult)         w-token window fingerprints
@@ -22,6 +23,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+
+#include "_nesting.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -307,103 +310,6 @@ static PyObject *visible_text(PyObject *self, PyObject *args) {
     PyBuffer_Release(&drop);
     PyBuffer_Release(&brk);
     return result;
-}
-
-/* --- nesting depth ------------------------------------------------------------------------ */
-/* too_deep(html, min_tags, limit, flat): True if the page has at least `min_tags` '<' and
- * its element nesting exceeds `limit`, by the rule of extract._too_deep: every `<name`
- * deepens, every `</name` closes one, except the names in `flat` (each packed as up to 8
- * lower-case bytes in a little-endian uint64), which never nest. Names longer than 8
- * characters are never in `flat`. One-byte strings (nearly all HTML) are scanned with
- * memchr, which skips the text between tags at memory speed. */
-static inline int tag_char(Py_UCS4 c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
-}
-
-#define NEXT_LT(TYPE, I)                                                                     \
-    if (sizeof(TYPE) == 1) {                                                                 \
-        const void *p_ = memchr(d + (I), '<', (size_t)(n - (I)));                            \
-        I = p_ == NULL ? n : (const TYPE *)p_ - d;                                           \
-    } else {                                                                                 \
-        while (I < n && d[I] != '<') I++;                                                    \
-    }
-
-/* How many '<' in d[0..n) (wide strings: a loop the compiler vectorizes; memchr is for bytes). */
-#define COUNT_LT(NAME, TYPE)                                                                 \
-    MULTIVERSION static Py_ssize_t NAME(const TYPE *d, Py_ssize_t n) {                       \
-        Py_ssize_t c = 0;                                                                    \
-        for (Py_ssize_t i = 0; i < n; i++) c += d[i] == '<';                                 \
-        return c;                                                                            \
-    }
-COUNT_LT(count_lt2, Py_UCS2)
-COUNT_LT(count_lt4, Py_UCS4)
-#define COUNT_CHUNK 8192
-
-#define DEPTH_LOOP(TYPE)                                                                     \
-    {                                                                                        \
-        const TYPE *d = data;                                                                \
-        Py_ssize_t tags = 0;                                                                 \
-        if (sizeof(TYPE) == 1) {                                                             \
-            for (Py_ssize_t i = 0; i < n && tags < min_tags; i++, tags++) {                  \
-                NEXT_LT(TYPE, i)                                                             \
-                if (i >= n) break;                                                           \
-            }                                                                                \
-        } else {                                                                             \
-            for (Py_ssize_t i = 0; i < n && tags < min_tags; i += COUNT_CHUNK) {             \
-                Py_ssize_t m = n - i < COUNT_CHUNK ? n - i : COUNT_CHUNK;                    \
-                tags += sizeof(TYPE) == 2 ? count_lt2((const Py_UCS2 *)d + i, m)             \
-                                          : count_lt4((const Py_UCS4 *)d + i, m);            \
-            }                                                                                \
-        }                                                                                    \
-        if (tags < min_tags) Py_RETURN_FALSE;                                                \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-            NEXT_LT(TYPE, i)                                                                 \
-            if (i >= n) break;                                                               \
-            Py_ssize_t j = i + 1;                                                            \
-            int closing = j < n && d[j] == '/';                                              \
-            j += closing;                                                                    \
-            if (j >= n || !((d[j] | 32) >= 'a' && (d[j] | 32) <= 'z')) continue;            \
-            uint64_t name = 0;                                                               \
-            Py_ssize_t len = 0;                                                              \
-            for (; j < n && tag_char(d[j]); j++, len++) {                                    \
-                if (len < 8) {                                                               \
-                    Py_UCS4 c = d[j];                                                        \
-                    if (c >= 'A' && c <= 'Z') c += 32;                                       \
-                    name |= (uint64_t)c << (8 * len);                                        \
-                }                                                                            \
-            }                                                                                \
-            int is_flat = 0;                                                                 \
-            for (Py_ssize_t k = 0; len <= 8 && k < nflat; k++) is_flat |= flat[k] == name;   \
-            if (is_flat) continue;                                                           \
-            if (closing) {                                                                   \
-                depth -= depth > 0;                                                          \
-            } else if (++depth > limit) {                                                    \
-                Py_RETURN_TRUE;                                                              \
-            }                                                                                \
-            i = j - 1;                                                                       \
-        }                                                                                    \
-    }
-
-static PyObject *too_deep(PyObject *self, PyObject *args) {
-    PyObject *html;
-    Py_ssize_t min_tags, limit;
-    Py_buffer flat_buf;
-    if (!PyArg_ParseTuple(args, "Unny*", &html, &min_tags, &limit, &flat_buf)) return NULL;
-    const uint64_t *flat = flat_buf.buf;
-    Py_ssize_t nflat = flat_buf.len / 8, n = PyUnicode_GET_LENGTH(html), depth = 0;
-    const void *data = PyUnicode_DATA(html);
-    PyBuffer_Release(&flat_buf); /* `flat` is a bytes object the caller keeps alive */
-    switch (PyUnicode_KIND(html)) {
-    case PyUnicode_1BYTE_KIND:
-        DEPTH_LOOP(Py_UCS1)
-        break;
-    case PyUnicode_2BYTE_KIND:
-        DEPTH_LOOP(Py_UCS2)
-        break;
-    default:
-        DEPTH_LOOP(Py_UCS4)
-    }
-    Py_RETURN_FALSE;
 }
 
 /* --- tokens ------------------------------------------------------------------------------- */
@@ -1413,8 +1319,11 @@ static PyMethodDef methods[] = {
     {"visible_text", visible_text, METH_VARARGS,
      "visible_text(parser, drop_bitmap, break_bitmap) -> str: the walk over parser.body"},
     {"too_deep", too_deep, METH_VARARGS,
-     "too_deep(html, min_tags, limit, flat_names) -> bool: at least min_tags tags and element "
-     "nesting deeper than limit"},
+     "too_deep(html, min_tags, limit) -> bool: at least min_tags '<' and nesting_depth(html, "
+     "limit) > limit"},
+    {"nesting_depth", nesting_depth, METH_VARARGS,
+     "nesting_depth(html, limit) -> int: the deepest stack of open elements of nesting.py's "
+     "model, or limit + 1 once deeper"},
     {"tokenize", tokenize, METH_VARARGS,
      "tokenize(text, classes, offset_keys, fold, multi) -> (canonical uint32 bytes, token hash "
      "uint64 bytes), or None when fold is given and the text needs the whole-string NFKC"},
@@ -1441,6 +1350,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    if (nesting_init() != 0) {
+        PyErr_SetString(PyExc_ImportError, "the nesting model's name table is too small");
+        return NULL;
+    }
 #ifdef HAVE_AVX512_PATH
     if (have_avx512()) fast_path = fast_avx512;
 #endif

@@ -36,7 +36,7 @@ static const struct {
 } NAME_SETS[] = {
     {F_VOID, "area base basefont bgsound br col embed frame hr image img input keygen link meta "
              "param source track wbr"},
-    {F_NO_PUSH, "html head body frameset"},
+    {F_NO_PUSH, "html head body"},
     {F_SPECIAL,
      "address applet area article aside base basefont bgsound blockquote body br button caption "
      "center col colgroup dd details dialog dir div dl dt embed fieldset figcaption figure "

@@ -38,7 +38,7 @@ _VOID = frozenset(
     "area base basefont bgsound br col embed frame hr image img input keygen link meta param "
     "source track wbr".split()
 )
-_NO_PUSH = frozenset({"html", "head", "body", "frameset"})
+_NO_PUSH = frozenset({"html", "head", "body"})
 _SPECIAL = frozenset(
     "address applet area article aside base basefont bgsound blockquote body br button caption "
     "center col colgroup dd details dialog dir div dl dt embed fieldset figcaption figure footer "

@@ -30,7 +30,7 @@ tar -c --exclude='__pycache__' --exclude='*.so' setup.py pyproject.toml stream_d
 ls "$work"/stream_dedup/core/_native*.so >/dev/null  # optional=True must not hide a failed build
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(tests/test_native.py tests/test_fuzz.py tests/test_nesting.py)
+[ ${#tests[@]} -gt 0 ] || tests=(tests/test_native.py tests/test_fuzz.py tests/test_nesting.py tests/test_selectolax_versions.py)
 preload="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 for path in native generic; do
   echo "== sanitizers, block path: $path"

@@ -21,11 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import selectolax.lexbor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from stream_dedup.core import extract, ldsig, tokens
+from selectolax.lexbor import LexborHTMLParser
+
 from stream_dedup.core.decode import decode_html
 from stream_dedup.core.sketch import FAMILIES, Params, Sketcher
 from stream_dedup.models import Page
@@ -332,6 +335,40 @@ def test_ld_signature_matches_numpy(cps: np.ndarray, cn: tuple[int, int], seed: 
 
 
 # --- visible text -------------------------------------------------------------------------------
+
+
+_MARKER = b"stream-dedup calibration text 0123456789"
+
+
+@needs_native
+def test_calibration_refuses_without_reading_past_the_node() -> None:
+    """Text nodes that do not hold the marker, many of them (some sit at the end of one of
+    lexbor's memory chunks): the calibration reads each node's own allocation only, and
+    refuses (tests/sanitize.sh checks that not a byte past it is read)."""
+    doc = LexborHTMLParser("".join(f"<p>text {i}</p>" for i in range(3000)))
+    try:
+        for p in doc.css("p"):
+            with pytest.raises(ImportError, match="characters"):
+                _native.bind_lexbor(selectolax.lexbor.__file__, p.first_child, _MARKER,
+                                    b"recalibrated")  # fmt: skip
+        with pytest.raises(RuntimeError, match="bind_lexbor"):
+            _native.visible_text(doc, extract._INVISIBLE_BITS, extract._BREAKING_BITS)
+    finally:
+        assert extract._bind_native()
+
+
+@needs_native
+def test_walk_takes_objects_not_addresses() -> None:
+    doc = LexborHTMLParser("<p>text</p>")
+    bits = extract._INVISIBLE_BITS, extract._BREAKING_BITS
+    assert _native.visible_text(doc, *bits).split() == ["text"]
+    for wrong in (doc.body.mem_id, doc.body, None, "<p>text</p>"):
+        with pytest.raises(TypeError):
+            _native.visible_text(wrong, *bits)
+    with pytest.raises(TypeError):
+        _native.bind_lexbor(selectolax.lexbor.__file__, doc.body.first_child.mem_id, _MARKER,
+                            b"recalibrated")  # fmt: skip
+    assert extract._bind_native()
 
 
 def python_walk(html: str, **kwargs: bool) -> str:

@@ -157,6 +157,13 @@ static PyObject *bind_lexbor(PyObject *self, PyObject *args) {
                           &other_len))
         return NULL;
     lxb.bound = 0;
+    if (!PyObject_HasAttrString(text_node, "mem_id") ||
+        !PyObject_HasAttrString(text_node, "parser") ||
+        !PyObject_HasAttrString(text_node, "tag_id")) {
+        PyErr_Format(PyExc_TypeError, "expected a selectolax LexborNode, got %s",
+                     Py_TYPE(text_node)->tp_name);
+        return NULL;
+    }
     if (marker_len == other_len || marker_len == 0 || other_len == 0) {
         PyErr_SetString(PyExc_ValueError, "marker and other must differ in length");
         return NULL;

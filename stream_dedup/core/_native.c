@@ -348,6 +348,8 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
 }
 
 #define MAX_CP 0x110000u          /* the class and fold tables have one entry per code point */
+#define MAX_EXPANSION 32 /* code points one character folds to at most (NFKC: 18) */
+#define MAX_TEXT ((uint64_t)1 << 27) /* code points: at MAX_EXPANSION each, offsets fit 32 bits */
 #define FOLD_COMPLEX 0xFFFFFFFFu /* needs the whole-string NFKC */
 #define FOLD_MULTI 0x80000000u   /* low bits: index into `multi` of (length, code points...) */
 
@@ -365,7 +367,7 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
         nc += word_ | (prev != SEP);                                                         \
         nt += start_;                                                                        \
         sum &= (uint64_t)0 - (uint64_t)!start_;                                              \
-        offset &= (size_t)0 - (size_t)!start_;                                               \
+        offset &= 0u - (unsigned)!start_;                                                   \
         uint64_t add_ = ((uint64_t)cp_ + 1) * key[offset < MAX_OFFSET ? offset : MAX_OFFSET]; \
         sum += add_ & ((uint64_t)0 - (uint64_t)word_);                                       \
         offset += word_;                                                                     \
@@ -427,7 +429,7 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
         uint32_t f = fmap[d[i]];                                                             \
         if (f == FOLD_COMPLEX) return 1;                                                     \
         Py_ssize_t at = f & ~FOLD_MULTI, len = at < mlen ? mseq[at] : 0;                     \
-        if (f < FOLD_MULTI || at + len >= mlen) return -2;                                   \
+        if (f < FOLD_MULTI || at + len >= mlen || len > MAX_EXPANSION) return -2;            \
         for (Py_ssize_t j = 1; j <= len; j++)                                                \
             if (mseq[at + j] >= MAX_CP) return -2;                                           \
         t->nc = nc;                                                                          \
@@ -474,7 +476,7 @@ typedef struct {
     Py_ssize_t nc, nt;
     int prev;
     uint64_t sum;
-    size_t offset; /* characters into the token: never wraps */
+    unsigned offset; /* characters into the token (tokenize bounds the length: no wrap) */
 } TokState;
 
 /* One block's runs of word characters (the set bits of `word`) into the state: the body of
@@ -503,11 +505,11 @@ typedef struct {
             for (int j = 0; j < len; j += 8) {                                               \
                 Py_ssize_t at = i + s + j;                                                   \
                 int m = len - j < 8 ? len - j : 8;                                           \
-                if (offset + m <= MAX_OFFSET) {                                              \
+                if (offset <= (unsigned)(MAX_OFFSET - m)) { /* the keys at offset.. exist */ \
                     CHUNK(at, key + offset, m);                                              \
                 } else {                                                                     \
                     for (int b = 0; b < m; b++) {                                            \
-                        size_t o = offset + b;                                               \
+                        unsigned o = offset + b;                                             \
                         uint64_t c = (uint64_t)(CP_AT(at + b) | 32) + 1;                     \
                         sum += c * key[o < MAX_OFFSET ? o : MAX_OFFSET];                     \
                     }                                                                        \
@@ -541,7 +543,7 @@ typedef struct {
         Py_ssize_t nc = st->nc, nt = st->nt;                                                 \
         int prev = st->prev;                                                                 \
         uint64_t sum = st->sum;                                                              \
-        size_t offset = st->offset;                                                          \
+        unsigned offset = st->offset;                                                        \
         for (; n - i >= BLOCK + 8; i += BLOCK) {                                             \
             uint64_t word;                                                                   \
             if (!CLASSIFY(data, kind, i, &word)) break;                                      \
@@ -733,7 +735,7 @@ static int tok_run(Tok *t, const void *data, int kind, Py_ssize_t n, const uint3
     Py_ssize_t nc = 0, nt = 0, i = 0;
     int prev = SEP;
     uint64_t sum = 0;
-    size_t offset = 0;
+    unsigned offset = 0;
     int fast = fmap != NULL && ascii_rule_holds(cls, fmap);
     while (i < n) {
         Py_ssize_t lim = n;
@@ -787,6 +789,10 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
     t->cls = classes.buf;
     t->key = keys.buf;
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
+    if ((uint64_t)n > MAX_TEXT) { /* keeps a token's 32-bit offset from wrapping */
+        PyErr_SetString(PyExc_ValueError, "text longer than 2**27 code points");
+        goto done;
+    }
     t->nc = t->nt = 0;
     if (tok_room(t, n + SLACK)) goto nomem;
     int status = tok_run(t, PyUnicode_DATA(text), PyUnicode_KIND(text), n,

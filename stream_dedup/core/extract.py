@@ -278,7 +278,7 @@ def _in_section(node: LexborNode) -> bool:
 def _too_deep(html: str) -> bool:
     """True if the page could nest elements so deeply that lexbor would take seconds to parse
     it (see `nesting`). Only pages with many tags can be slow, so only they pay for the scan."""
-    if len(html) < _TAG_COUNT_CHECK:
+    if len(html) < 3 * _TAG_COUNT_CHECK:  # a start tag takes 3 characters at least: "<a>"
         return False
     if _native is not None:
         return bool(_native.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH))

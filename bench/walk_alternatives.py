@@ -89,8 +89,10 @@ def traversal(html: str) -> str:
 
 def resiliparse(html: str) -> str:
     tree = HTMLTree.parse(html)
-    return extract_plain_text(tree, main_content=False, preserve_formatting=False,
-                              alt_texts=False, links=False, form_fields=False, noscript=False)  # fmt: skip
+    return extract_plain_text(
+        tree, main_content=False, preserve_formatting=False, alt_texts=False, links=False,
+        form_fields=False, noscript=False,
+    )  # fmt: skip
 
 
 METHODS: dict[str, Callable[[str], str]] = {
@@ -135,9 +137,10 @@ def main() -> None:
             same = jac = 0.0
             if name != "parse only":
                 texts = [method(h) for h in pages]
-                equal = [tokens.tokenize(t).hashes.tolist() == r for t, r in zip(texts, ref_tokens, strict=True)]
-                same = sum(equal) / len(pages)
-                jac = sum(_jaccard(t, r) for t, r in zip(texts, reference, strict=True)) / len(pages)
+                pairs = list(zip(texts, reference, ref_tokens, strict=True))
+                same = sum(tokens.tokenize(t).hashes.tolist() == r for t, _, r in pairs)
+                same /= len(pairs)
+                jac = sum(_jaccard(t, ref) for t, ref, _ in pairs) / len(pairs)
             rows.append([corpus, name, f"{best / len(pages) * 1e6:.0f}",
                          "" if name == "parse only" else f"{same:.1%}",
                          "" if name == "parse only" else f"{jac:.3f}"])  # fmt: skip

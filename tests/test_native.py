@@ -25,10 +25,9 @@ import selectolax.lexbor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-
-from stream_dedup.core import extract, ldsig, tokens
 from selectolax.lexbor import LexborHTMLParser
 
+from stream_dedup.core import extract, ldsig, tokens
 from stream_dedup.core.decode import decode_html
 from stream_dedup.core.sketch import FAMILIES, Params, Sketcher
 from stream_dedup.models import Page

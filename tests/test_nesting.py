@@ -104,7 +104,9 @@ def test_breakout_tags_are_lexbors() -> None:
 @pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")
 def test_no_corpus_page_is_too_deep() -> None:
     """Real pages are nowhere near the limit, so the guard changes no decision on them."""
-    files = sorted(p for p in (CORPORA / "warc").rglob("*") if ".arc" in p.name or ".warc" in p.name)
+    files = sorted(
+        p for p in (CORPORA / "warc").rglob("*") if ".arc" in p.name or ".warc" in p.name
+    )
     pages = [item for item in iter_inputs(files) if isinstance(item, Page)]
     assert len(pages) > 800
     deepest = 0

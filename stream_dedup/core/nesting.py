@@ -171,10 +171,13 @@ class _Tree:
         """Reopen the formatting elements an end tag closed implicitly, as lexbor does before
         text and most start tags: the closed ones at the end of the list. True when that makes
         the stack too deep."""
-        k = len(self.active)
-        while k > 0 and self.active[k - 1] is not None and not self.active[k - 1].is_open:  # type: ignore[union-attr]
-            k -= 1
-        for k in range(k, len(self.active)):
+        first = len(self.active)
+        while first > 0:
+            last = self.active[first - 1]
+            if last is None or last.is_open:
+                break
+            first -= 1
+        for k in range(first, len(self.active)):
             entry = self.active[k]
             assert entry is not None
             entry = self.active[k] = _Entry(entry.name, identity=entry.identity)

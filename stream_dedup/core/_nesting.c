@@ -290,10 +290,8 @@ static int same_name(const Page *p, const El *e, Py_ssize_t at_, Py_ssize_t len,
 
 static int is_html(const El *e, uint16_t id) { return e->html && e->id == id && id != 0; }
 
-static El element(const Page *p, Py_ssize_t at_, Py_ssize_t len, uint16_t id, uint32_t flags,
-                  int ns) {
+static El element(Py_ssize_t at_, Py_ssize_t len, uint16_t id, uint32_t flags, int ns) {
     El e = {at_, len, 0, 0, 0, flags, id, ns == NS_HTML, (uint8_t)ns, 0, 0, 0, 0};
-    (void)p;
     if (e.html) {
         e.special = (flags & F_SPECIAL) != 0;
         e.scope = (flags & F_SCOPE) != 0;
@@ -522,16 +520,6 @@ static void start_closes(Tree *t, uint16_t id, uint32_t flags) {
     }
 }
 
-static El known(uint16_t id, uint32_t flags) {
-    El e = {0};
-    e.id = id;
-    e.flags = flags;
-    e.html = 1;
-    e.special = (flags & F_SPECIAL) != 0;
-    e.scope = (flags & F_SCOPE) != 0;
-    return e;
-}
-
 static uint32_t flags_of(uint16_t id) { return id_flags[id]; }
 
 /* Before a table part: push what lexbor implies. 0 if lexbor ignores the tag; -1 too deep. */
@@ -548,13 +536,13 @@ static int table_part(Tree *t, uint16_t id) {
     }
     int cell = id == ID_TD || id == ID_TH;
     if (ctx && ctx == ID_TABLE && (cell || id == ID_TR)) {
-        if (push(t, known(ID_TBODY, flags_of(ID_TBODY)))) return -1;
+        if (push(t, element(0, 0, ID_TBODY, flags_of(ID_TBODY), NS_HTML))) return -1;
         ctx = ID_TBODY;
     }
     if (ctx && (flags_of(ctx) & F_SECTION) && cell)
-        if (push(t, known(ID_TR, flags_of(ID_TR)))) return -1;
+        if (push(t, element(0, 0, ID_TR, flags_of(ID_TR), NS_HTML))) return -1;
     if (ctx && ctx == ID_TABLE && id == ID_COL)
-        if (push(t, known(ID_COLGROUP, flags_of(ID_COLGROUP)))) return -1;
+        if (push(t, element(0, 0, ID_COLGROUP, flags_of(ID_COLGROUP), NS_HTML))) return -1;
     return 1;
 }
 
@@ -726,11 +714,11 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
         if (ns == NS_HTML && top && top->math_text && (flags & F_MATH_IN_TEXT)) ns = NS_MATH;
         if (ns == NS_HTML && id && (id == ID_SVG || id == ID_MATH)) {
             if (!self_closing && (reconstruct(&t) ||
-                                  push(&t, element(p, name_at, len, id, flags,
+                                  push(&t, element(name_at, len, id, flags,
                                                    id == ID_SVG ? NS_SVG : NS_MATH))))
                 return TOO_DEEP;
         } else if (ns != NS_HTML) {
-            if (!self_closing && push(&t, element(p, name_at, len, id, flags, ns)))
+            if (!self_closing && push(&t, element(name_at, len, id, flags, ns)))
                 return TOO_DEEP;
         } else if (!(flags & F_NO_PUSH)) {
             if (flags & F_TABLE_PART) {
@@ -743,7 +731,7 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
             start_closes(&t, id, flags);
             if (reconstruct(&t)) return TOO_DEEP;
             if (flags & F_VOID) continue;
-            El e = element(p, name_at, len, id, flags, NS_HTML);
+            El e = element(name_at, len, id, flags, NS_HTML);
             Py_ssize_t a0 = j, a1 = end - 1; /* the attributes, trimmed of space and '/' */
             while (a0 < a1 && (space(at(p, a0)) || at(p, a0) == '/')) a0++;
             while (a1 > a0 && (space(at(p, a1 - 1)) || at(p, a1 - 1) == '/')) a1--;

@@ -5,7 +5,7 @@ points and token hashes as `tokenize_numpy`, the same shingles and min-hashes as
 `Sketcher.shingles_numpy`/`sketch_numpy`, the same LD signatures as `signature_numpy`, the
 same (sketch, features, signature) from the one-call `Sketcher.page` as from those steps, the
 same visible text as the Python walk of `extract` (`extract.NATIVE_WALK = False`), and the
-same verdict on pathological nesting as the regex loop of `extract._too_deep`.
+same verdict on pathological nesting as the Python nesting model (`core/nesting.py`).
 Nothing here hard-codes an output: each test computes both sides.
 
 All markup here is written for these tests; the corpus test reads ../shared/corpora in place.
@@ -531,7 +531,7 @@ def test_native_walk_matches_python_walk_on_random_markup(html: str) -> None:
 
 
 def assert_same_depth_verdict(html: str, limit: int | None = None, gate: int | None = None) -> None:
-    """extract._too_deep by the kernel and by its regex loop (`extract._native = None`)."""
+    """extract._too_deep by the kernel and by the Python model (`extract._native = None`)."""
     with pytest.MonkeyPatch.context() as mp:
         if limit is not None:
             mp.setattr(extract, "_MAX_DEPTH", limit)

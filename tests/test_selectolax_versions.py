@@ -43,6 +43,7 @@ def _installed(version: str) -> Path:
             [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
              "--disable-pip-version-check", "--target", str(target), f"selectolax=={version}"],
             capture_output=True, text=True, timeout=600,
+            env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},  # not pip under ASan
         )  # fmt: skip
         if done.returncode != 0:
             pytest.fail(f"could not install selectolax {version}:\n{done.stderr[-2000:]}")

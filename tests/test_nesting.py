@@ -55,6 +55,11 @@ def test_compiled_model_validates_its_limit() -> None:
         _native.too_deep("<div>", 0, 2**40)
 
 
+def _model_depth(html: str) -> int:
+    """The model on what selectolax parses (it drops lone surrogates, as extract does)."""
+    return nesting.nesting_depth(html.encode(errors="ignore").decode(), 10**6)
+
+
 def _tree_depth(html: str) -> int:
     """Depth of the deepest element lexbor's tree holds under <body> (a childless element one
     less: it may have been on the stack only for a moment)."""
@@ -75,14 +80,14 @@ def _tree_depth(html: str) -> int:
 def test_model_never_nests_shallower_than_lexbor() -> None:
     for html in _documents("model-vs-lexbor", 3000):
         if "</form" not in html:  # its children stay in the tree, not on the stack
-            assert nesting.nesting_depth(html, 10**6) >= _tree_depth(html) - 1, html
+            assert _model_depth(html) >= _tree_depth(html) - 1, html
 
 
 @pytest.mark.parametrize("tag", TAGS)
 def test_model_of_one_tag_repeated_is_not_shallower_than_lexbor(tag: str) -> None:
     for context in ("", "<svg>", "<math>", "<table>", "<select>", "<ruby>", "<template>"):
         html = context + f"<{tag}>x" * 300
-        assert nesting.nesting_depth(html, 10**6) >= _tree_depth(html) - 1, html
+        assert _model_depth(html) >= _tree_depth(html) - 1, html
 
 
 def test_breakout_tags_are_lexbors() -> None:
@@ -98,6 +103,35 @@ def test_breakout_tags_are_lexbors() -> None:
         if node is None:
             leaves.add(tag.lower())
     assert leaves == set(nesting._BREAKOUT)
+
+
+def _probe_parents(html: str) -> list[str]:
+    tree = LexborHTMLParser(html, options=LexborDocumentOptions.WO_EVENTS, scripting=True)
+    node = tree.css_first("i-probe")
+    parents = []
+    node = node.parent if node is not None else None
+    while node is not None:
+        parents.append(node.tag)
+        node = node.parent
+    return parents
+
+
+# Tags whose own rules decide what these probes see (raw text, tables, forms, lists...).
+_NOT_PROBED = frozenset(
+    "html head body frameset frame plaintext template table svg math textarea title style "
+    "script xmp iframe noembed noframes noscript image isindex td th tr tbody thead tfoot "
+    "caption col colgroup option optgroup li dd dt p div button form select a nobr".split()
+) | nesting._VOID
+
+
+def test_special_and_scope_elements_are_lexbors() -> None:
+    """An element is special if lexbor ignores an inline end tag across it, and a scope
+    boundary if it ignores </div> across it: the model's lists, for every probed tag."""
+    tags = {t.lower() for t in TAGS} - _NOT_PROBED
+    special = {t for t in tags if "x-a" in _probe_parents(f"<x-a><{t}></x-a><i-probe>")}
+    scope = {t for t in tags if "div" in _probe_parents(f"<div><{t}></div><i-probe>")}
+    assert special == nesting._SPECIAL & tags
+    assert scope == nesting._SCOPE & tags
 
 
 @pytest.mark.corpus

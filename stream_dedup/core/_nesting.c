@@ -42,7 +42,7 @@ static const struct {
     {F_NO_PUSH, "html head body"},
     {F_SPECIAL,
      "address applet area article aside base basefont bgsound blockquote body br button caption "
-     "center col colgroup dd details dialog dir div dl dt embed fieldset figcaption figure "
+     "center col colgroup dd details dir div dl dt embed fieldset figcaption figure "
      "footer form frame frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html iframe img input "
      "keygen li link listing main marquee menu meta nav noembed noframes noscript object ol p "
      "param plaintext pre script search section select source style summary table tbody td "
@@ -73,7 +73,7 @@ static const struct {
     {F_MATH_SPECIAL, "mi mo mn ms mtext annotation-xml"},
     {F_MATH_IN_TEXT, "mglyph malignmark"},
     {0, "svg math annotation-xml option optgroup button a nobr select table template colgroup "
-        "script plaintext ol ul address div"},
+        "script plaintext ol ul address div frameset"},
 };
 
 /* Names of up to 16 ASCII characters, packed lower-cased into two words (exact, no hash). */
@@ -125,7 +125,7 @@ static uint16_t id_of(const char *name) {
 static uint16_t ID_P, ID_LI, ID_DD, ID_DT, ID_OPTION, ID_OPTGROUP, ID_BUTTON, ID_A, ID_NOBR,
     ID_INPUT, ID_SELECT, ID_FORM, ID_BR, ID_HTML, ID_HEAD, ID_BODY, ID_TABLE, ID_TEMPLATE,
     ID_TR, ID_TD, ID_TH, ID_TBODY, ID_THEAD, ID_TFOOT, ID_COLGROUP, ID_COL, ID_SCRIPT, ID_PLAINTEXT, ID_SVG,
-    ID_MATH, ID_ANNOTATION_XML, ID_OL, ID_UL, ID_ADDRESS, ID_DIV;
+    ID_MATH, ID_ANNOTATION_XML, ID_OL, ID_UL, ID_ADDRESS, ID_DIV, ID_FRAMESET;
 
 int nesting_init(void) {
     memset(names, 0, sizeof names);
@@ -159,7 +159,7 @@ int nesting_init(void) {
     ID(ID_TBODY, "tbody") ID(ID_THEAD, "thead") ID(ID_TFOOT, "tfoot") ID(ID_COLGROUP, "colgroup") ID(ID_COL, "col")
     ID(ID_SCRIPT, "script") ID(ID_PLAINTEXT, "plaintext") ID(ID_SVG, "svg") ID(ID_MATH, "math")
     ID(ID_ANNOTATION_XML, "annotation-xml") ID(ID_OL, "ol") ID(ID_UL, "ul")
-    ID(ID_ADDRESS, "address") ID(ID_DIV, "div")
+    ID(ID_ADDRESS, "address") ID(ID_DIV, "div") ID(ID_FRAMESET, "frameset")
 #undef ID
     return 0;
 }
@@ -388,7 +388,7 @@ static Py_ssize_t find_active(const Tree *t, uint16_t id) {
     return -1;
 }
 
-enum { STOP_SPECIAL, STOP_SCOPE, STOP_BUTTON, STOP_LIST, STOP_TABLE, STOP_ITEM };
+enum { STOP_SPECIAL, STOP_SCOPE, STOP_BUTTON, STOP_LIST, STOP_TABLE, STOP_ITEM, STOP_NEVER };
 
 static int stops(const El *e, int stop) {
     switch (stop) {
@@ -402,8 +402,10 @@ static int stops(const El *e, int stop) {
         return e->scope || is_html(e, ID_OL) || is_html(e, ID_UL);
     case STOP_TABLE:
         return is_html(e, ID_HTML) || is_html(e, ID_TABLE) || is_html(e, ID_TEMPLATE);
-    default: /* STOP_ITEM */
+    case STOP_ITEM:
         return e->special && !(is_html(e, ID_ADDRESS) || is_html(e, ID_DIV) || is_html(e, ID_P));
+    default: /* STOP_NEVER */
+        return 0;
     }
 }
 
@@ -424,7 +426,8 @@ static uint64_t close_el(Tree *t, uint16_t a, uint16_t b, uint32_t any_of, int s
 }
 
 static void end_tag(Tree *t, Py_ssize_t at_, Py_ssize_t len, uint16_t id, uint32_t flags) {
-    if (id && (id == ID_HTML || id == ID_HEAD || id == ID_BODY || id == ID_BR)) return;
+    if (id && (id == ID_HTML || id == ID_HEAD || id == ID_BODY || id == ID_BR || id == ID_FRAMESET))
+        return; /* lexbor may have ignored the <frameset>: its end tag pops nothing */
     if (flags & F_FORMATTING) {
         Py_ssize_t k = find_active(t, id);
         if (k >= 0 && !t->active[k].open) {
@@ -464,7 +467,8 @@ static void end_tag(Tree *t, Py_ssize_t at_, Py_ssize_t len, uint16_t id, uint32
         }
         return;
     }
-    int stop = !(flags & F_SCOPED_END) ? STOP_SPECIAL
+    int stop = id == ID_TEMPLATE         ? STOP_NEVER /* pops through whatever is above */
+               : !(flags & F_SCOPED_END) ? STOP_SPECIAL
                : id == ID_P            ? STOP_BUTTON
                : id == ID_LI           ? STOP_LIST
                                        : STOP_SCOPE;
@@ -531,6 +535,8 @@ static int table_part(Tree *t, uint16_t id) {
         const El *e = &t->stack[d];
         if (e->html && (e->flags & F_TABLE_CONTEXT)) {
             ctx = e->id;
+            if (ctx == ID_TABLE || ctx == ID_TR || (e->flags & F_SECTION))
+                pop_to(t, d + 1); /* lexbor clears the stack back to it */
             break;
         }
     }
@@ -702,7 +708,8 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
         int ns = top ? top->children : NS_HTML;
         if (ns != NS_HTML && (closing ? (id && (id == ID_P || id == ID_BR)) : (flags & F_BREAKOUT))) {
             while (t.depth > 0 && t.stack[t.depth - 1].children != NS_HTML &&
-                   !(t.stack[t.depth - 1].id && t.stack[t.depth - 1].id == ID_ANNOTATION_XML))
+                   !(t.stack[t.depth - 1].id && t.stack[t.depth - 1].id == ID_ANNOTATION_XML &&
+                     t.stack[t.depth - 1].children == NS_MATH))
                 pop_to(&t, t.depth - 1);
             top = t.depth ? &t.stack[t.depth - 1] : NULL;
             ns = NS_HTML;

@@ -280,6 +280,11 @@ def _too_deep(html: str) -> bool:
     it (see `nesting`). Only pages with many tags can be slow, so only they pay for the scan."""
     if len(html) < 3 * _TAG_COUNT_CHECK:  # a start tag takes 3 characters at least: "<a>"
         return False
+    if not html.isascii():
+        try:
+            html.encode()
+        except UnicodeEncodeError:  # selectolax drops lone surrogates: so must the model
+            html = html.encode(errors="ignore").decode()
     if _native is not None:
         return bool(_native.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH))
     return nesting.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH)

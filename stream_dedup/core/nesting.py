@@ -49,7 +49,7 @@ _VOID = frozenset(
 _NO_PUSH = frozenset({"html", "head", "body"})
 _SPECIAL = frozenset(
     "address applet area article aside base basefont bgsound blockquote body br button caption "
-    "center col colgroup dd details dialog dir div dl dt embed fieldset figcaption figure footer "
+    "center col colgroup dd details dir div dl dt embed fieldset figcaption figure footer "
     "form frame frameset h1 h2 h3 h4 h5 h6 head header hgroup hr html iframe img input keygen li "
     "link listing main marquee menu meta nav noembed noframes noscript object ol p param "
     "plaintext pre script search section select source style summary table tbody td template "
@@ -228,8 +228,8 @@ class _Tree:
         return None
 
     def end_tag(self, name: str) -> None:
-        if name in ("html", "head", "body", "br"):
-            return
+        if name in ("html", "head", "body", "br", "frameset"):  # lexbor may have ignored
+            return  # the <frameset> (in a body): its end tag must not pop what is above it
         if name in _FORMATTING:
             k = self.find_active(name)
             if k >= 0 and not self.active[k].is_open:  # type: ignore[union-attr]
@@ -254,7 +254,9 @@ class _Tree:
                 self.pop_to(depth)
                 return
         names = _HEADINGS if name in _HEADINGS else (name,)
-        if name not in _SCOPED_END:  # lexbor's "any other end tag", and the adoption agency
+        if name == "template":  # lexbor pops through the template whatever is above it
+            stop = _never
+        elif name not in _SCOPED_END:  # lexbor's "any other end tag", and the adoption agency
             stop = _is_special
         elif name == "p":
             stop = _ends_button_scope
@@ -299,7 +301,9 @@ class _Tree:
         """Pop svg/math elements, as lexbor does before a tag that has no meaning there, down
         to HTML content (or an annotation-xml, which may hold HTML: the model stops early)."""
         stack = self.stack
-        while stack and stack[-1].children != _HTML and stack[-1].name != "annotation-xml":
+        while stack and stack[-1].children != _HTML:
+            if stack[-1].name == "annotation-xml" and stack[-1].children == _MATH:
+                break
             self.pop_to(len(stack) - 1)
 
     def table_part(self, name: str) -> bool:
@@ -308,9 +312,13 @@ class _Tree:
         if not self.tables:
             return False
         top = ""
-        for entry in reversed(self.stack[-_SEARCH:]):  # the nearest table context
+        stack = self.stack
+        for depth in range(len(stack) - 1, max(len(stack) - 1 - _SEARCH, -1), -1):
+            entry = stack[depth]  # the nearest table context
             if entry.html and entry.name in _TABLE_CONTEXTS:
                 top = entry.name
+                if top == "table" or top == "tr" or top in _SECTIONS:
+                    self.pop_to(depth + 1)  # lexbor clears the stack back to it
                 break
         if top == "table" and name in ("tr", "td", "th"):
             self.push(_Entry("tbody"))
@@ -320,6 +328,10 @@ class _Tree:
         if top == "table" and name == "col":
             self.push(_Entry("colgroup"))
         return True
+
+
+def _never(entry: _Entry) -> bool:
+    return False
 
 
 def _is_special(entry: _Entry) -> bool:

@@ -29,7 +29,7 @@ enum {
     F_SCOPED_END = 1 << 4, F_TABLE_PART = 1 << 5, F_SECTION = 1 << 6, F_TABLE_CONTEXT = 1 << 7,
     F_RAW = 1 << 8, F_HEADING = 1 << 9, F_P_CLOSER = 1 << 10, F_BREAKOUT = 1 << 11,
     F_FORMATTING = 1 << 12, F_MARKER = 1 << 13, F_SVG_IP = 1 << 14, F_MATH_IP = 1 << 15,
-    F_MATH_SPECIAL = 1 << 16, F_MATH_IN_TEXT = 1 << 17,
+    F_MATH_SPECIAL = 1 << 16, F_MATH_IN_TEXT = 1 << 17, F_NO_RECONSTRUCT = 1 << 18,
 };
 
 /* The same lists as nesting.py. */
@@ -72,6 +72,12 @@ static const struct {
     {F_MATH_IP, "mi mo mn ms mtext"},
     {F_MATH_SPECIAL, "mi mo mn ms mtext annotation-xml"},
     {F_MATH_IN_TEXT, "mglyph malignmark"},
+    {F_NO_RECONSTRUCT,
+     "address article aside blockquote center details dialog dir div dl fieldset figcaption "
+     "figure footer header hgroup main menu nav ol p search section summary ul pre listing form "
+     "plaintext hr h1 h2 h3 h4 h5 h6 li dd dt table caption col colgroup tbody tfoot thead tr td "
+     "th rb rtc rp rt base basefont bgsound link meta noframes script style template title "
+     "frameset"},
     {0, "svg math annotation-xml option optgroup button a nobr select table template colgroup "
         "script plaintext ol ul address div frameset"},
 };
@@ -533,6 +539,7 @@ static int table_part(Tree *t, uint16_t id) {
     Py_ssize_t low = t->depth - SEARCH > 0 ? t->depth - SEARCH : 0;
     for (Py_ssize_t d = t->depth - 1; d >= low; d--) {
         const El *e = &t->stack[d];
+        if (is_html(e, ID_COLGROUP) && id != ID_COL) continue; /* closed by lexbor (below) */
         if (e->html && (e->flags & F_TABLE_CONTEXT)) {
             ctx = e->id;
             if (ctx == ID_TABLE || ctx == ID_TR || (e->flags & F_SECTION))
@@ -736,7 +743,7 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
             if (id && id == ID_SELECT && close_el(&t, ID_SELECT, ID_SELECT, 0, STOP_SCOPE))
                 continue; /* a <select> in a select ends it, and is not inserted */
             start_closes(&t, id, flags);
-            if (reconstruct(&t)) return TOO_DEEP;
+            if (!(flags & F_NO_RECONSTRUCT) && reconstruct(&t)) return TOO_DEEP;
             if (flags & F_VOID) continue;
             El e = element(name_at, len, id, flags, NS_HTML);
             Py_ssize_t a0 = j, a1 = end - 1; /* the attributes, trimmed of space and '/' */

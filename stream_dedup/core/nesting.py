@@ -89,6 +89,15 @@ _FOREIGN_SPECIAL = {_SVG: _INTEGRATION[_SVG], _MATH: _INTEGRATION[_MATH] | {"ann
 _RAW = frozenset("style xmp iframe noembed noframes noscript textarea title".split())
 _HEADINGS = frozenset("h1 h2 h3 h4 h5 h6".split())
 
+# Start tags before which lexbor does not reopen closed formatting elements (blocks, headings,
+# lists, tables, ruby parts and what goes to <head>); it does before text and all others.
+_NO_RECONSTRUCT = frozenset(
+    "address article aside blockquote center details dialog dir div dl fieldset figcaption "
+    "figure footer header hgroup main menu nav ol p search section summary ul pre listing form "
+    "plaintext hr h1 h2 h3 h4 h5 h6 li dd dt table caption col colgroup tbody tfoot thead tr td "
+    "th rb rtc rp rt base basefont bgsound link meta noframes script style template title "
+    "frameset".split()
+)
 # Start tags that close an open <p> (in button scope), as lexbor does.
 _P_CLOSERS = frozenset(
     "address article aside blockquote center details dialog dir div dl fieldset figcaption "
@@ -315,6 +324,8 @@ class _Tree:
         stack = self.stack
         for depth in range(len(stack) - 1, max(len(stack) - 1 - _SEARCH, -1), -1):
             entry = stack[depth]  # the nearest table context
+            if entry.html and entry.name == "colgroup" and name != "col":
+                continue  # lexbor closes the column group (popped below, with the rest)
             if entry.html and entry.name in _TABLE_CONTEXTS:
                 top = entry.name
                 if top == "table" or top == "tr" or top in _SECTIONS:
@@ -520,7 +531,7 @@ def nesting_depth(html: str, limit: int) -> int:
             if name == "select" and tree.close(("select",), _ends_scope):
                 continue  # a <select> in a select ends it, and is not inserted
             tree.start_closes(name)
-            if tree.reconstruct() or name in _VOID:
+            if (name not in _NO_RECONSTRUCT and tree.reconstruct()) or name in _VOID:
                 continue
             entry = _Entry(name, identity=name + " " + html[j : end - 1].strip(_SPACE + "/"))
             tree.push(entry)

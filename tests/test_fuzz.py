@@ -190,6 +190,10 @@ def test_deep_nesting_of_every_tag_decides_in_bounded_time(tag: str) -> None:
         "<p><strike><ol></p>" * (DEEP // 4),  # <ol> closes the <p> in button scope
         "".join(f"<b a={i}>" for i in range(DEEP // 2)),  # Noah's ark does not apply
         "<table><hgroup><th>" * (DEEP // 4),
+        # an annotation-xml without an HTML encoding is left by <hr>: no CDATA after it
+        "<math x</span><annotation-xml><hr><![CDATA[<annotation-xml><article><figure><legend>"
+        "\n<time/><mi></ x>" * (DEEP // 10),
+        "<table><colgroup>x" + "<span>" * 50 + "</colgroup>" * (DEEP // 50),
     ],
     ids=lambda html: repr(html[:24]),
 )

@@ -606,10 +606,14 @@ static Py_ssize_t end_of_script(const Page *p, Py_ssize_t i) {
     }
 }
 
-/* From after a tag's name: past its '>' (-1 if the page ends first); *self_closing. */
-static Py_ssize_t tag_end(const Page *p, Py_ssize_t i, int *self_closing) {
+/* From after a tag's name: past its '>' (-1 if the page ends first); *self_closing, and
+ * where its first `encoding` attribute's value is (*enc_at = -1 if it has none). */
+static Py_ssize_t tag_end(const Page *p, Py_ssize_t i, int *self_closing, Py_ssize_t *enc_at,
+                          Py_ssize_t *enc_len) {
     Py_ssize_t n = p->n;
     *self_closing = 0;
+    *enc_at = -1;
+    *enc_len = 0;
     while (i < n) {
         Py_UCS4 c = at(p, i);
         if (c == '>') return i + 1;
@@ -625,10 +629,13 @@ static Py_ssize_t tag_end(const Page *p, Py_ssize_t i, int *self_closing) {
             i++;
             continue;
         }
+        Py_ssize_t start = i;
         for (i++; i < n; i++) { /* an attribute name */
             c = at(p, i);
             if (space(c) || c == '/' || c == '>' || c == '=') break;
         }
+        int named = *enc_at < 0 && i - start == 8 && has(p, start, "encoding", 1);
+        Py_ssize_t value = i, value_len = 0;
         while (i < n && space(at(p, i))) i++;
         if (i < n && at(p, i) == '=') {
             for (i++; i < n && space(at(p, i)); i++) {
@@ -636,13 +643,27 @@ static Py_ssize_t tag_end(const Page *p, Py_ssize_t i, int *self_closing) {
             if (i < n && (at(p, i) == '"' || at(p, i) == '\'')) {
                 Py_ssize_t close = find_char(p, at(p, i), i + 1);
                 if (close >= n) return -1;
+                value = i + 1;
+                value_len = close - value;
                 i = close + 1;
             } else {
+                value = i;
                 while (i < n && !space(at(p, i)) && at(p, i) != '>') i++;
+                value_len = i - value;
             }
+        }
+        if (named) {
+            *enc_at = value;
+            *enc_len = value_len;
         }
     }
     return -1;
+}
+
+/* An annotation-xml whose encoding says HTML: an HTML integration point. */
+static int html_encoding(const Page *p, Py_ssize_t at_, Py_ssize_t len) {
+    return at_ >= 0 && ((len == 9 && has(p, at_, "text/html", 1)) ||
+                        (len == 21 && has(p, at_, "application/xhtml+xml", 1)));
 }
 
 static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
@@ -708,15 +729,14 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
             flags = names[s].flags;
         }
         int self_closing;
-        Py_ssize_t end = tag_end(p, j, &self_closing);
+        Py_ssize_t enc_at, enc_len;
+        Py_ssize_t end = tag_end(p, j, &self_closing, &enc_at, &enc_len);
         if (end < 0) return TOO_DEEP; /* the page ends inside the tag: no tag */
         i = markup_end = end;
         El *top = t.depth ? &t.stack[t.depth - 1] : NULL;
         int ns = top ? top->children : NS_HTML;
         if (ns != NS_HTML && (closing ? (id && (id == ID_P || id == ID_BR)) : (flags & F_BREAKOUT))) {
-            while (t.depth > 0 && t.stack[t.depth - 1].children != NS_HTML &&
-                   !(t.stack[t.depth - 1].id && t.stack[t.depth - 1].id == ID_ANNOTATION_XML &&
-                     t.stack[t.depth - 1].children == NS_MATH))
+            while (t.depth > 0 && t.stack[t.depth - 1].children != NS_HTML)
                 pop_to(&t, t.depth - 1);
             top = t.depth ? &t.stack[t.depth - 1] : NULL;
             ns = NS_HTML;
@@ -732,8 +752,10 @@ static Py_ssize_t depth_of(const Page *p, Py_ssize_t limit, El *stack) {
                                                    id == ID_SVG ? NS_SVG : NS_MATH))))
                 return TOO_DEEP;
         } else if (ns != NS_HTML) {
-            if (!self_closing && push(&t, element(name_at, len, id, flags, ns)))
-                return TOO_DEEP;
+            El e = element(name_at, len, id, flags, ns);
+            if (ns == NS_MATH && id && id == ID_ANNOTATION_XML && html_encoding(p, enc_at, enc_len))
+                e.children = NS_HTML; /* an HTML integration point */
+            if (!self_closing && push(&t, e)) return TOO_DEEP;
         } else if (!(flags & F_NO_PUSH)) {
             if (flags & F_TABLE_PART) {
                 int r = table_part(&t, id);

@@ -70,13 +70,14 @@ _SECTIONS = frozenset({"tbody", "thead", "tfoot"})
 _TABLE_CONTEXTS = frozenset("table tbody thead tfoot tr td th caption colgroup template".split())
 _HTML, _SVG, _MATH = 0, 1, 2  # the namespace of an element's children
 _FOREIGN_ROOTS = {"svg": _SVG, "math": _MATH}
-# Elements of svg / MathML whose children are HTML again (annotation-xml only with an
-# encoding attribute: the model keeps its children foreign, which nests at least as deep).
+# Elements of svg / MathML whose children are HTML again (and a MathML annotation-xml whose
+# encoding attribute says HTML).
 _INTEGRATION = {
     _SVG: frozenset({"foreignobject", "desc", "title"}),
     _MATH: frozenset({"mi", "mo", "mn", "ms", "mtext"}),
 }
 _MATH_IN_TEXT = frozenset({"mglyph", "malignmark"})  # MathML even in mi, mo, ...
+_HTML_ENCODINGS = frozenset({"text/html", "application/xhtml+xml"})  # of an annotation-xml
 # Start tags that leave svg/math: the foreign elements are popped first. The spec's list, less
 # `sup` (lexbor keeps it foreign) and `font` (which breaks out only with some attributes);
 # tests/test_nesting.py checks it against the installed lexbor.
@@ -308,11 +309,9 @@ class _Tree:
 
     def leave_foreign(self) -> None:
         """Pop svg/math elements, as lexbor does before a tag that has no meaning there, down
-        to HTML content (or an annotation-xml, which may hold HTML: the model stops early)."""
+        to HTML content or an integration point."""
         stack = self.stack
         while stack and stack[-1].children != _HTML:
-            if stack[-1].name == "annotation-xml" and stack[-1].children == _MATH:
-                break
             self.pop_to(len(stack) - 1)
 
     def table_part(self, name: str) -> bool:
@@ -379,25 +378,30 @@ def _tag_name(html: str, i: int, n: int) -> tuple[str, int]:
     return html[i:j].translate(_ASCII_LOWER).replace("\0", "\ufffd"), j
 
 
-def _tag_end(html: str, i: int, n: int) -> tuple[int, bool]:
-    """From after the name: the index past the tag's '>' (-1 if the page ends first) and
-    whether it is self-closing, with the attributes skipped as the tokenizer reads them."""
+def _tag_end(html: str, i: int, n: int) -> tuple[int, bool, str | None]:
+    """From after the name: the index past the tag's '>' (-1 if the page ends first), whether
+    it is self-closing, and its `encoding` attribute (None if it has none), with the attributes
+    read as the tokenizer reads them."""
+    encoding = None
     while i < n:
         c = html[i]
         if c == ">":
-            return i + 1, False
+            return i + 1, False, encoding
         if c == "/":
             if i + 1 < n and html[i + 1] == ">":
-                return i + 2, True
+                return i + 2, True, encoding
             i += 1
             continue
         if c in _SPACE:
             i += 1
             continue
         # an attribute name (its first character may be anything but space, / and >)
+        start = i
         i += 1
         while i < n and html[i] not in _SPACE and html[i] not in "/>=":
             i += 1
+        named = html[start:i].translate(_ASCII_LOWER) == "encoding" and encoding is None
+        value = ""
         while i < n and html[i] in _SPACE:
             i += 1
         if i < n and html[i] == "=":
@@ -407,12 +411,17 @@ def _tag_end(html: str, i: int, n: int) -> tuple[int, bool]:
             if i < n and html[i] in "\"'":
                 close = html.find(html[i], i + 1)
                 if close < 0:
-                    return -1, False
+                    return -1, False, encoding
+                value = html[i + 1 : close]
                 i = close + 1
             else:
+                start = i
                 while i < n and html[i] not in _SPACE and html[i] != ">":
                     i += 1
-    return -1, False
+                value = html[start:i]
+        if named:
+            encoding = value
+    return -1, False, encoding
 
 
 def _end_of_text(low: str, name: str, i: int, n: int) -> int:
@@ -505,7 +514,7 @@ def nesting_depth(html: str, limit: int) -> int:
                 i += 1  # a '<' that is text
             continue
         name, j = _tag_name(html, i + 1 + closing, n)
-        end, self_closing = _tag_end(html, j, n)
+        end, self_closing, encoding = _tag_end(html, j, n)
         if end < 0:  # the page ends inside the tag: no tag
             return tree.result()
         i = markup_end = end
@@ -526,7 +535,11 @@ def nesting_depth(html: str, limit: int) -> int:
                 tree.push(_Entry(name, ns))
         elif ns != _HTML:  # no tag ends another here; foreign void-named tags nest too
             if not self_closing:
-                tree.push(_Entry(name, ns))
+                entry = _Entry(name, ns)
+                if ns == _MATH and name == "annotation-xml" and encoding is not None:
+                    if encoding.translate(_ASCII_LOWER) in _HTML_ENCODINGS:
+                        entry.children = _HTML  # an HTML integration point
+                tree.push(entry)
         elif name not in _NO_PUSH and (name not in _TABLE_PARTS or tree.table_part(name)):
             if name == "select" and tree.close(("select",), _ends_scope):
                 continue  # a <select> in a select ends it, and is not inserted

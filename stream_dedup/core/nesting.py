@@ -27,10 +27,13 @@ closes it, so that capping the model's depth caps the parse, whatever the tags:
 * In svg/math nothing closes implicitly and void names nest; the tags that leave foreign
   content in lexbor (`_BREAKOUT`, checked against the installed lexbor by the tests) pop it.
 
-tests/test_nesting.py compares the model with the tree lexbor builds on seeded hostile
-documents and on every tag kind repeated in seven contexts; what it found was fixed, and the
-model was at most one level shallower on the rest (a template's column group, a select holding
-list items). The compiled twin is `_native.nesting_depth` (_nesting.c).
+This is a model, not lexbor: where the two disagree, a later end tag can close in the model
+what lexbor keeps open. tests/test_nesting.py compares it with the tree lexbor builds (seeded
+hostile documents, every tag kind repeated in seven contexts: at most one level shallower),
+and tests/test_fuzz.py times deep and repeated tricks. In a wider search (100,000 random
+documents of the same kind, 2026-11-24) the model was shallower than lexbor's tree on 30, by
+1 to 20 levels; repeated to 1 MB, none of those took more than 0.15 s to decide. The compiled
+twin is `_native.nesting_depth` (_nesting.c).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ setup(
     ext_modules=[
         Extension(
             "stream_dedup.core._native",
-            ["stream_dedup/core/_native.c"],
+            ["stream_dedup/core/_native.c", "stream_dedup/core/_nesting.c"],
+            depends=["stream_dedup/core/_nesting.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

@@ -323,13 +323,11 @@ def _visible_text_timed(html: str, clock: Clock, boilerplate: bool) -> str:
         return text
     tree = extract._parse(html)
     clock.lap("extract: parse (lexbor)")
-    body = tree.body
-    if body is None or not extract.NATIVE_WALK:  # frameset, or no compiled kernel
+    if tree.body is None or not extract.NATIVE_WALK:  # frameset, or no compiled kernel
         text = extract._extract(html, False, allow_noframes=True)
         clock.lap("extract: walk + text")
         return text
-    text = extract._native.visible_text(body.mem_id, extract._INVISIBLE_BITS,
-                                        extract._BREAKING_BITS)
+    text = extract._native.visible_text(tree, extract._INVISIBLE_BITS, extract._BREAKING_BITS)
     clock.lap("extract: walk + text")
     return text
 

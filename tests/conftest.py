@@ -19,6 +19,14 @@ from opskit import free_broker_port, free_redis_ports
 
 REPO = Path(__file__).resolve().parents[1]
 
+# tests/sanitize.sh runs the kernel tests a second time with the portable block path forced
+# (the only one on CPUs without AVX-512 and on arm64).
+FORCED_BLOCK_PATH = os.environ.get("STREAM_DEDUP_TEST_BLOCK_PATH") or None
+if FORCED_BLOCK_PATH is not None:
+    from stream_dedup.core import _native
+
+    _native.block_path(FORCED_BLOCK_PATH)
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

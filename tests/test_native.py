@@ -5,7 +5,7 @@ points and token hashes as `tokenize_numpy`, the same shingles and min-hashes as
 `Sketcher.shingles_numpy`/`sketch_numpy`, the same LD signatures as `signature_numpy`, the
 same (sketch, features, signature) from the one-call `Sketcher.page` as from those steps, the
 same visible text as the Python walk of `extract` (`extract.NATIVE_WALK = False`), and the
-same verdict on pathological nesting as the regex loop of `extract._too_deep`.
+same verdict on pathological nesting as the Python nesting model (`core/nesting.py`).
 Nothing here hard-codes an output: each test computes both sides.
 
 All markup here is written for these tests; the corpus test reads ../shared/corpora in place.
@@ -13,6 +13,7 @@ All markup here is written for these tests; the corpus test reads ../shared/corp
 
 from __future__ import annotations
 
+import os
 import string
 from dataclasses import replace
 from functools import cache
@@ -20,9 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import selectolax.lexbor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from selectolax.lexbor import LexborHTMLParser
 
 from stream_dedup.core import extract, ldsig, tokens
 from stream_dedup.core.decode import decode_html
@@ -187,6 +190,9 @@ _BLOCK_PATHS = _block_paths()
 
 
 @needs_native
+@pytest.mark.skipif(
+    bool(os.environ.get("STREAM_DEDUP_TEST_BLOCK_PATH")), reason="a block path is forced"
+)
 def test_block_path_is_the_fastest_the_cpu_has() -> None:
     assert _DEFAULT_PATH == _BLOCK_PATHS[-1]
     with pytest.raises(ValueError, match="no block path"):
@@ -328,6 +334,40 @@ def test_ld_signature_matches_numpy(cps: np.ndarray, cn: tuple[int, int], seed: 
 
 
 # --- visible text -------------------------------------------------------------------------------
+
+
+_MARKER = b"stream-dedup calibration text 0123456789"
+
+
+@needs_native
+def test_calibration_refuses_without_reading_past_the_node() -> None:
+    """Text nodes that do not hold the marker, many of them (some sit at the end of one of
+    lexbor's memory chunks): the calibration reads each node's own allocation only, and
+    refuses (tests/sanitize.sh checks that not a byte past it is read)."""
+    doc = LexborHTMLParser("".join(f"<p>text {i}</p>" for i in range(3000)))
+    try:
+        for p in doc.css("p"):
+            with pytest.raises(ImportError, match="characters"):
+                _native.bind_lexbor(selectolax.lexbor.__file__, p.first_child, _MARKER,
+                                    b"recalibrated")  # fmt: skip
+        with pytest.raises(RuntimeError, match="bind_lexbor"):
+            _native.visible_text(doc, extract._INVISIBLE_BITS, extract._BREAKING_BITS)
+    finally:
+        assert extract._bind_native()
+
+
+@needs_native
+def test_walk_takes_objects_not_addresses() -> None:
+    doc = LexborHTMLParser("<p>text</p>")
+    bits = extract._INVISIBLE_BITS, extract._BREAKING_BITS
+    assert _native.visible_text(doc, *bits).split() == ["text"]
+    for wrong in (doc.body.mem_id, doc.body, None, "<p>text</p>"):
+        with pytest.raises(TypeError):
+            _native.visible_text(wrong, *bits)
+    with pytest.raises(TypeError):
+        _native.bind_lexbor(selectolax.lexbor.__file__, doc.body.first_child.mem_id, _MARKER,
+                            b"recalibrated")  # fmt: skip
+    assert extract._bind_native()
 
 
 def python_walk(html: str, **kwargs: bool) -> str:
@@ -491,7 +531,7 @@ def test_native_walk_matches_python_walk_on_random_markup(html: str) -> None:
 
 
 def assert_same_depth_verdict(html: str, limit: int | None = None, gate: int | None = None) -> None:
-    """extract._too_deep by the kernel and by its regex loop (`extract._native = None`)."""
+    """extract._too_deep by the kernel and by the Python model (`extract._native = None`)."""
     with pytest.MonkeyPatch.context() as mp:
         if limit is not None:
             mp.setattr(extract, "_MAX_DEPTH", limit)

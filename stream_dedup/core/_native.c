@@ -3,7 +3,8 @@
  * numpy's temporaries and Python calls per token; and the memory index's hot loops, whose
  * Python twins are in index/memory.py (tests/test_index.py compares them).
  *
- *   visible_text(body, drop, brk)  walk of a lexbor tree parsed by selectolax
+ *   visible_text(parser, drop, brk) walk of a lexbor tree parsed by selectolax
+ *   too_deep, nesting_depth         the nesting model of nesting.py (in _nesting.c)
  *   tokenize(text, classes, keys)  canonical code points and one hash per token
  *   block_path(name=None)          which build of the tokenizer's ASCII block path runs
  *   shingles(hashes, mult)         w-token window fingerprints
@@ -22,6 +23,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <dlfcn.h>
+
+#include "_nesting.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -42,8 +45,11 @@ static inline uint64_t mix64(uint64_t x) {
 /* --- growable byte buffer ---------------------------------------------------------------- */
 /* The kernels reuse one scratch buffer each across calls: a fresh ~100 KB allocation per page
  * is returned to the OS on free and page-faulted back in on the next page, which cost more
- * than the work. The GIL is held throughout, so one buffer per kernel is safe; one grown
- * past KEEP_MAX by a huge page is released after use. */
+ * than the work. The kept buffer is leased for the whole call, result building included:
+ * allocating the result can run the garbage collector, whose finalizers and weakref callbacks
+ * may call the same kernel, or let another thread call it. A call that finds the buffer leased
+ * works in a fresh one of its own. A buffer grown past KEEP_MAX by a huge page is released
+ * after use. */
 #define KEEP_MAX ((size_t)8 << 20)
 
 typedef struct {
@@ -51,19 +57,35 @@ typedef struct {
     size_t len, cap;
 } Buf;
 
-static void buf_release_if_huge(Buf *b) {
-    if (b->cap > KEEP_MAX) {
-        PyMem_Free(b->data);
-        b->data = NULL;
-        b->cap = 0;
+typedef struct {
+    Buf buf;
+    int leased;
+} Scratch;
+
+static Buf *scratch_take(Scratch *s, Buf *own) {
+    if (s->leased) {
+        *own = (Buf){0};
+        return own;
     }
-    b->len = 0;
+    s->leased = 1;
+    s->buf.len = 0;
+    return &s->buf;
 }
 
+static void scratch_give(Scratch *s, Buf *b) {
+    if (b != &s->buf || b->cap > KEEP_MAX) {
+        PyMem_Free(b->data);
+        *b = (Buf){0};
+    }
+    if (b == &s->buf) s->leased = 0;
+}
+
+/* Room for `extra` more bytes; -1 (no exception set) when that is more than can be allocated. */
 static int buf_reserve(Buf *b, size_t extra) {
-    if (b->len + extra <= b->cap) return 0;
-    size_t cap = b->cap ? b->cap : 4096;
-    while (cap < b->len + extra) cap *= 2;
+    if (extra <= b->cap - b->len) return 0;
+    if (extra > (size_t)PY_SSIZE_T_MAX - b->len) return -1;
+    size_t need = b->len + extra, cap = b->cap ? b->cap : 4096;
+    while (cap < need) cap = cap > (size_t)PY_SSIZE_T_MAX / 2 ? need : cap * 2;
     char *p = PyMem_Realloc(b->data, cap);
     if (p == NULL) return -1;
     b->data = p;
@@ -76,6 +98,8 @@ typedef void *(*node_fn)(void *);
 typedef uintptr_t (*tag_fn)(void *);
 typedef const unsigned char *(*str_data_fn)(void *);
 typedef size_t (*str_len_fn)(void *);
+typedef size_t (*size_fn)(void *);
+typedef unsigned (*set_text_fn)(void *, const unsigned char *, size_t);
 
 static struct {
     node_fn first_child, next, parent;
@@ -83,24 +107,67 @@ static struct {
     str_data_fn str_data;
     str_len_fn str_len;
     uintptr_t text_tag;
-    size_t text_offset; /* where a text node's lexbor_str_t sits */
+    size_t text_offset;     /* where a text node's lexbor_str_t sits */
+    PyTypeObject *node_type, *parser_type; /* selectolax's LexborNode and LexborHTMLParser */
     int bound;
 } lxb;
 
 #define TAG_BITS 1024 /* standard HTML tag ids are small; custom elements get large ids */
+#define MAX_NODE_SIZE 1024 /* a text node larger than this is not lexbor's */
 
 static inline int tag_in(const unsigned char *bits, uintptr_t tag) {
     return tag < TAG_BITS && (bits[tag >> 3] >> (tag & 7)) & 1;
 }
 
+/* The lexbor node a selectolax LexborNode wraps; NULL with an exception if `obj` is not one
+ * or its address is not an int. The caller holds `obj`, which holds its document. */
+static void *node_of(PyObject *obj) {
+    if (Py_TYPE(obj) != lxb.node_type) {
+        PyErr_Format(PyExc_TypeError, "expected a %s, got %s", lxb.node_type->tp_name,
+                     Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyObject *id = PyObject_GetAttrString(obj, "mem_id");
+    if (id == NULL) return NULL;
+    void *node = PyLong_Check(id) ? PyLong_AsVoidPtr(id) : NULL;
+    Py_DECREF(id);
+    if (node == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "LexborNode.mem_id is not an address");
+    return node;
+}
+
+static size_t field_at(const unsigned char *node, size_t off) {
+    size_t v;
+    memcpy(&v, node + off, sizeof v);
+    return v;
+}
+
+/* bind_lexbor(path, text_node, marker, other): bind the walk to the selectolax module loaded
+ * from `path`, calibrated on `text_node` (a LexborNode whose text is `marker`, in a document
+ * of the caller's that this call may change). Where a text node keeps its lexbor_str_t
+ * {data, length} is found without reading past the node or following a guessed pointer: only
+ * the node's own allocation is read (its size as lexbor's allocator records it), a length field
+ * must equal len(marker), then change to len(other) when lexbor itself sets the node's text to
+ * `other`, and only then is the data field next to it read, and must hold `other`. */
 static PyObject *bind_lexbor(PyObject *self, PyObject *args) {
-    const char *path;
-    unsigned long long node_addr, text_tag;
-    const char *marker;
-    Py_ssize_t marker_len;
-    if (!PyArg_ParseTuple(args, "sKKy#", &path, &node_addr, &text_tag, &marker, &marker_len))
+    const char *path, *marker, *other;
+    PyObject *text_node;
+    Py_ssize_t marker_len, other_len;
+    if (!PyArg_ParseTuple(args, "sOy#y#", &path, &text_node, &marker, &marker_len, &other,
+                          &other_len))
         return NULL;
     lxb.bound = 0;
+    if (!PyObject_HasAttrString(text_node, "mem_id") ||
+        !PyObject_HasAttrString(text_node, "parser") ||
+        !PyObject_HasAttrString(text_node, "tag_id")) {
+        PyErr_Format(PyExc_TypeError, "expected a selectolax LexborNode, got %s",
+                     Py_TYPE(text_node)->tp_name);
+        return NULL;
+    }
+    if (marker_len == other_len || marker_len == 0 || other_len == 0) {
+        PyErr_SetString(PyExc_ValueError, "marker and other must differ in length");
+        return NULL;
+    }
     void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
     if (h == NULL) {
         PyErr_Format(PyExc_ImportError, "selectolax module not loaded: %s", dlerror());
@@ -112,36 +179,55 @@ static PyObject *bind_lexbor(PyObject *self, PyObject *args) {
     lxb.tag_id = (tag_fn)dlsym(h, "lxb_dom_node_tag_id_noi");
     lxb.str_data = (str_data_fn)dlsym(h, "lexbor_str_data_noi");
     lxb.str_len = (str_len_fn)dlsym(h, "lexbor_str_length_noi");
+    size_fn alloc_size = (size_fn)dlsym(h, "lexbor_mraw_data_size_noi");
+    set_text_fn set_text = (set_text_fn)dlsym(h, "lxb_dom_node_text_content_set");
     dlclose(h); /* the module stays loaded: Python holds it */
     if (!lxb.first_child || !lxb.next || !lxb.parent || !lxb.tag_id || !lxb.str_data ||
-        !lxb.str_len) {
+        !lxb.str_len || !alloc_size || !set_text) {
         PyErr_SetString(PyExc_ImportError, "selectolax does not export lexbor's accessors");
         return NULL;
     }
-    /* Calibrate: find the lexbor_str_t {data, length} holding the marker in a text node.
-     * Only offsets whose length field equals the marker's length (an unusual value) and
-     * whose data field looks like a pointer are dereferenced. */
-    unsigned char *node = (unsigned char *)(uintptr_t)node_addr;
-    if (lxb.tag_id(node) != (uintptr_t)text_tag) {
+    PyObject *parser = PyObject_GetAttrString(text_node, "parser");
+    PyObject *tag = PyObject_GetAttrString(text_node, "tag_id");
+    if (parser == NULL || tag == NULL) goto fail;
+    Py_XSETREF(lxb.node_type, (PyTypeObject *)Py_NewRef(Py_TYPE(text_node)));
+    Py_XSETREF(lxb.parser_type, (PyTypeObject *)Py_NewRef(Py_TYPE(parser)));
+    unsigned char *node = node_of(text_node);
+    uintptr_t text_tag = (uintptr_t)PyLong_AsSize_t(tag);
+    if (node == NULL || PyErr_Occurred()) goto fail;
+    if (lxb.tag_id(node) != text_tag) {
         PyErr_SetString(PyExc_ImportError, "calibration node is not a text node");
-        return NULL;
+        goto fail;
     }
-    for (size_t off = 0; off <= 512; off += sizeof(void *)) {
+    size_t size = alloc_size(node), step = sizeof(void *), pair = sizeof(void *) + sizeof(size_t);
+    if (size < pair || size > MAX_NODE_SIZE) {
+        PyErr_SetString(PyExc_ImportError, "a text node is not where lexbor's allocator says");
+        goto fail;
+    }
+    char candidate[MAX_NODE_SIZE / sizeof(void *)] = {0};
+    for (size_t off = 0; off + pair <= size; off += step)
+        candidate[off / step] = field_at(node, off + step) == (size_t)marker_len;
+    if (set_text(node, (const unsigned char *)other, (size_t)other_len) != 0) {
+        PyErr_SetString(PyExc_ImportError, "lexbor could not set the calibration text");
+        goto fail;
+    }
+    for (size_t off = 0; off + pair <= size; off += step) {
         void *str = node + off;
-        uintptr_t data_field;
-        size_t len_field;
-        memcpy(&data_field, node + off, sizeof data_field);
-        memcpy(&len_field, node + off + sizeof(void *), sizeof len_field);
-        if (len_field != (size_t)marker_len || data_field < 65536) continue;
-        if (lxb.str_len(str) == (size_t)marker_len &&
-            memcmp(lxb.str_data(str), marker, marker_len) == 0) {
+        if (!candidate[off / step] || field_at(node, off + step) != (size_t)other_len) continue;
+        if (lxb.str_len(str) == (size_t)other_len &&
+            memcmp(lxb.str_data(str), other, other_len) == 0) {
             lxb.text_offset = off;
-            lxb.text_tag = (uintptr_t)text_tag;
+            lxb.text_tag = text_tag;
             lxb.bound = 1;
+            Py_DECREF(parser);
+            Py_DECREF(tag);
             Py_RETURN_NONE;
         }
     }
     PyErr_SetString(PyExc_ImportError, "could not find a text node's characters");
+fail:
+    Py_XDECREF(parser);
+    Py_XDECREF(tag);
     return NULL;
 }
 
@@ -195,125 +281,42 @@ static int walk(void *root, const unsigned char *drop, const unsigned char *brk,
     return 0;
 }
 
+/* visible_text(parser, drop, brk) -> str: the walk over the body of a LexborHTMLParser
+ * (the type bind_lexbor saw), "" if it has none. The document is kept alive by the parser
+ * argument and the body node held here, not by an address. */
 static PyObject *visible_text(PyObject *self, PyObject *args) {
-    unsigned long long root;
+    PyObject *parser;
     Py_buffer drop, brk;
     if (!lxb.bound) {
         PyErr_SetString(PyExc_RuntimeError, "bind_lexbor() has not succeeded");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "Ky*y*", &root, &drop, &brk)) return NULL;
-    PyObject *result = NULL;
-    static Buf out;
-    out.len = 0;
-    if (drop.len * 8 < TAG_BITS || brk.len * 8 < TAG_BITS) {
+    if (!PyArg_ParseTuple(args, "Oy*y*", &parser, &drop, &brk)) return NULL;
+    PyObject *result = NULL, *body = NULL;
+    static Scratch keep;
+    Buf own, *out = scratch_take(&keep, &own);
+    void *root;
+    if (drop.len < TAG_BITS / 8 || brk.len < TAG_BITS / 8) {
         PyErr_SetString(PyExc_ValueError, "tag bitmaps must have TAG_BITS bits");
-    } else if (walk((void *)(uintptr_t)root, drop.buf, brk.buf, &out) != 0) {
+    } else if (Py_TYPE(parser) != lxb.parser_type) {
+        PyErr_Format(PyExc_TypeError, "expected a %s, got %s", lxb.parser_type->tp_name,
+                     Py_TYPE(parser)->tp_name);
+    } else if ((body = PyObject_GetAttrString(parser, "body")) == NULL) {
+        /* the exception is set */
+    } else if (body == Py_None) {
+        result = PyUnicode_New(0, 0);
+    } else if ((root = node_of(body)) == NULL) {
+        /* the exception is set */
+    } else if (walk(root, drop.buf, brk.buf, out) != 0) {
         PyErr_NoMemory();
     } else {
-        result = PyUnicode_DecodeUTF8(out.data ? out.data : "", (Py_ssize_t)out.len, "replace");
+        result = PyUnicode_DecodeUTF8(out->data ? out->data : "", (Py_ssize_t)out->len, "replace");
     }
-    buf_release_if_huge(&out);
+    Py_XDECREF(body);
+    scratch_give(&keep, out);
     PyBuffer_Release(&drop);
     PyBuffer_Release(&brk);
     return result;
-}
-
-/* --- nesting depth ------------------------------------------------------------------------ */
-/* too_deep(html, min_tags, limit, flat): True if the page has at least `min_tags` '<' and
- * its element nesting exceeds `limit`, by the rule of extract._too_deep: every `<name`
- * deepens, every `</name` closes one, except the names in `flat` (each packed as up to 8
- * lower-case bytes in a little-endian uint64), which never nest. Names longer than 8
- * characters are never in `flat`. One-byte strings (nearly all HTML) are scanned with
- * memchr, which skips the text between tags at memory speed. */
-static inline int tag_char(Py_UCS4 c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
-}
-
-#define NEXT_LT(TYPE, I)                                                                     \
-    if (sizeof(TYPE) == 1) {                                                                 \
-        const void *p_ = memchr(d + (I), '<', (size_t)(n - (I)));                            \
-        I = p_ == NULL ? n : (const TYPE *)p_ - d;                                           \
-    } else {                                                                                 \
-        while (I < n && d[I] != '<') I++;                                                    \
-    }
-
-/* How many '<' in d[0..n) (wide strings: a loop the compiler vectorizes; memchr is for bytes). */
-#define COUNT_LT(NAME, TYPE)                                                                 \
-    MULTIVERSION static Py_ssize_t NAME(const TYPE *d, Py_ssize_t n) {                       \
-        Py_ssize_t c = 0;                                                                    \
-        for (Py_ssize_t i = 0; i < n; i++) c += d[i] == '<';                                 \
-        return c;                                                                            \
-    }
-COUNT_LT(count_lt2, Py_UCS2)
-COUNT_LT(count_lt4, Py_UCS4)
-#define COUNT_CHUNK 8192
-
-#define DEPTH_LOOP(TYPE)                                                                     \
-    {                                                                                        \
-        const TYPE *d = data;                                                                \
-        Py_ssize_t tags = 0;                                                                 \
-        if (sizeof(TYPE) == 1) {                                                             \
-            for (Py_ssize_t i = 0; i < n && tags < min_tags; i++, tags++) {                  \
-                NEXT_LT(TYPE, i)                                                             \
-                if (i >= n) break;                                                           \
-            }                                                                                \
-        } else {                                                                             \
-            for (Py_ssize_t i = 0; i < n && tags < min_tags; i += COUNT_CHUNK) {             \
-                Py_ssize_t m = n - i < COUNT_CHUNK ? n - i : COUNT_CHUNK;                    \
-                tags += sizeof(TYPE) == 2 ? count_lt2((const Py_UCS2 *)d + i, m)             \
-                                          : count_lt4((const Py_UCS4 *)d + i, m);            \
-            }                                                                                \
-        }                                                                                    \
-        if (tags < min_tags) Py_RETURN_FALSE;                                                \
-        for (Py_ssize_t i = 0; i < n; i++) {                                                 \
-            NEXT_LT(TYPE, i)                                                                 \
-            if (i >= n) break;                                                               \
-            Py_ssize_t j = i + 1;                                                            \
-            int closing = j < n && d[j] == '/';                                              \
-            j += closing;                                                                    \
-            if (j >= n || !((d[j] | 32) >= 'a' && (d[j] | 32) <= 'z')) continue;            \
-            uint64_t name = 0;                                                               \
-            Py_ssize_t len = 0;                                                              \
-            for (; j < n && tag_char(d[j]); j++, len++) {                                    \
-                if (len < 8) {                                                               \
-                    Py_UCS4 c = d[j];                                                        \
-                    if (c >= 'A' && c <= 'Z') c += 32;                                       \
-                    name |= (uint64_t)c << (8 * len);                                        \
-                }                                                                            \
-            }                                                                                \
-            int is_flat = 0;                                                                 \
-            for (Py_ssize_t k = 0; len <= 8 && k < nflat; k++) is_flat |= flat[k] == name;   \
-            if (is_flat) continue;                                                           \
-            if (closing) {                                                                   \
-                depth -= depth > 0;                                                          \
-            } else if (++depth > limit) {                                                    \
-                Py_RETURN_TRUE;                                                              \
-            }                                                                                \
-            i = j - 1;                                                                       \
-        }                                                                                    \
-    }
-
-static PyObject *too_deep(PyObject *self, PyObject *args) {
-    PyObject *html;
-    Py_ssize_t min_tags, limit;
-    Py_buffer flat_buf;
-    if (!PyArg_ParseTuple(args, "Unny*", &html, &min_tags, &limit, &flat_buf)) return NULL;
-    const uint64_t *flat = flat_buf.buf;
-    Py_ssize_t nflat = flat_buf.len / 8, n = PyUnicode_GET_LENGTH(html), depth = 0;
-    const void *data = PyUnicode_DATA(html);
-    PyBuffer_Release(&flat_buf); /* `flat` is a bytes object the caller keeps alive */
-    switch (PyUnicode_KIND(html)) {
-    case PyUnicode_1BYTE_KIND:
-        DEPTH_LOOP(Py_UCS1)
-        break;
-    case PyUnicode_2BYTE_KIND:
-        DEPTH_LOOP(Py_UCS2)
-        break;
-    default:
-        DEPTH_LOOP(Py_UCS4)
-    }
-    Py_RETURN_FALSE;
 }
 
 /* --- tokens ------------------------------------------------------------------------------- */
@@ -327,9 +330,13 @@ typedef struct {
     Py_ssize_t nc, nt, cap; /* cap: room in canon and in hashes (one more slot) */
 } Tok;
 
+/* Room for `extra` more code points; -1 when that is more than can be allocated. */
 static int tok_room(Tok *t, Py_ssize_t extra) {
-    if (t->nc + extra <= t->cap) return 0;
-    Py_ssize_t cap = 2 * t->cap + extra;
+    if (extra <= t->cap - t->nc) return 0;
+    const Py_ssize_t most = PY_SSIZE_T_MAX / (Py_ssize_t)sizeof(uint64_t) - 1;
+    if (extra < 0 || extra > most - t->nc) return -1;
+    Py_ssize_t cap = t->nc + extra;
+    cap = t->cap <= (most - cap) / 2 ? cap + 2 * t->cap : most;
     uint32_t *canon = PyMem_Realloc(t->canon, cap * sizeof *canon);
     if (canon == NULL) return -1;
     t->canon = canon;
@@ -340,6 +347,9 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
     return 0;
 }
 
+#define MAX_CP 0x110000u          /* the class and fold tables have one entry per code point */
+#define MAX_EXPANSION 32 /* code points one character folds to at most (NFKC: 18) */
+#define MAX_TEXT ((uint64_t)1 << 27) /* code points: at MAX_EXPANSION each, offsets fit 32 bits */
 #define FOLD_COMPLEX 0xFFFFFFFFu /* needs the whole-string NFKC */
 #define FOLD_MULTI 0x80000000u   /* low bits: index into `multi` of (length, code points...) */
 
@@ -375,7 +385,7 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
 #define TOK_FOLD(CP, ON_SPECIAL)                                                             \
     if (fmap != NULL) {                                                                      \
         uint32_t f_ = fmap[CP];                                                              \
-        if (f_ >= FOLD_MULTI) ON_SPECIAL;                                                    \
+        if (f_ >= MAX_CP) ON_SPECIAL;                                                        \
         CP = f_;                                                                             \
     }
 
@@ -419,7 +429,9 @@ static int tok_room(Tok *t, Py_ssize_t extra) {
         uint32_t f = fmap[d[i]];                                                             \
         if (f == FOLD_COMPLEX) return 1;                                                     \
         Py_ssize_t at = f & ~FOLD_MULTI, len = at < mlen ? mseq[at] : 0;                     \
-        if (at + len >= mlen) return -2;                                                     \
+        if (f < FOLD_MULTI || at + len >= mlen || len > MAX_EXPANSION) return -2;            \
+        for (Py_ssize_t j = 1; j <= len; j++)                                                \
+            if (mseq[at + j] >= MAX_CP) return -2;                                           \
         t->nc = nc;                                                                          \
         if (tok_room(t, len + (n - i) + SLACK)) return -1;                                   \
         canon = t->canon;                                                                    \
@@ -454,7 +466,7 @@ static int ascii_rule_holds(const unsigned char *cls, const uint32_t *fmap) {
             return 0;
         }
     }
-    return fmap[NBSP] < FOLD_MULTI && cls[fmap[NBSP]] == SEP;
+    return fmap[NBSP] < MAX_CP && cls[fmap[NBSP]] == SEP;
 }
 
 /* The tokenizer's state between the scalar loop and the fast path. */
@@ -464,7 +476,7 @@ typedef struct {
     Py_ssize_t nc, nt;
     int prev;
     uint64_t sum;
-    unsigned offset;
+    unsigned offset; /* characters into the token (tokenize bounds the length: no wrap) */
 } TokState;
 
 /* One block's runs of word characters (the set bits of `word`) into the state: the body of
@@ -493,7 +505,7 @@ typedef struct {
             for (int j = 0; j < len; j += 8) {                                               \
                 Py_ssize_t at = i + s + j;                                                   \
                 int m = len - j < 8 ? len - j : 8;                                           \
-                if (offset + m <= MAX_OFFSET) {                                              \
+                if (offset <= (unsigned)(MAX_OFFSET - m)) { /* the keys at offset.. exist */ \
                     CHUNK(at, key + offset, m);                                              \
                 } else {                                                                     \
                     for (int b = 0; b < m; b++) {                                            \
@@ -609,9 +621,11 @@ static inline int ascii_block(const void *data, int kind, Py_ssize_t i, uint64_t
     return 1;
 }
 
-/* All 8 products, the ones past m times a zeroed code point: no loop of variable length. */
+/* All 8 products, no loop of variable length: past m, a zero times the key at K[0] (the keys
+ * past the run end may lie past the end of the key table, so they are not read). */
 #define CHUNK_SCALAR(AT, K, M)                                                               \
-    for (int b = 0; b < 8; b++) sum += (b < (M) ? (uint64_t)(CP_AT((AT) + b) | 32) + 1 : 0) * (K)[b];
+    for (int b = 0; b < 8; b++)                                                              \
+        sum += (b < (M) ? (uint64_t)(CP_AT((AT) + b) | 32) + 1 : 0) * (K)[b < (M) ? b : 0];
 #define STORE8_SCALAR(DST, AT)                                                               \
     for (int b = 0; b < 8; b++) (DST)[b] = CP_AT((AT) + b) | 32;
 FAST_PATH(fast_generic, , ascii_block, CHUNK_SCALAR, STORE8_SCALAR)
@@ -761,7 +775,10 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "Uy*y*Oy*", &text, &classes, &keys, &fold_obj, &multi))
         return NULL;
     PyObject *result = NULL;
-    static Tok t; /* scratch kept across calls, see Buf */
+    static Tok keep; /* kept across calls and leased as a Scratch is (see Buf) */
+    static int leased;
+    Tok own = {0}, *t = leased ? &own : &keep;
+    leased |= t == &keep;
     int folding = fold_obj != Py_None;
     if (folding && PyObject_GetBuffer(fold_obj, &fold, PyBUF_SIMPLE) != 0) goto done;
     if (classes.len < 0x110000 || keys.len < (Py_ssize_t)((MAX_OFFSET + 1) * 8) ||
@@ -769,20 +786,24 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "classes, keys or fold too short");
         goto done;
     }
-    t.cls = classes.buf;
-    t.key = keys.buf;
+    t->cls = classes.buf;
+    t->key = keys.buf;
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    t.nc = t.nt = 0;
-    if (tok_room(&t, n + SLACK)) goto nomem;
-    int status = tok_run(&t, PyUnicode_DATA(text), PyUnicode_KIND(text), n,
+    if ((uint64_t)n > MAX_TEXT) { /* keeps a token's 32-bit offset from wrapping */
+        PyErr_SetString(PyExc_ValueError, "text longer than 2**27 code points");
+        goto done;
+    }
+    t->nc = t->nt = 0;
+    if (tok_room(t, n + SLACK)) goto nomem;
+    int status = tok_run(t, PyUnicode_DATA(text), PyUnicode_KIND(text), n,
                          folding ? fold.buf : NULL, multi.buf, multi.len / 4);
     if (status == 1) {
         result = Py_NewRef(Py_None);
     } else if (status == -2) {
-        PyErr_SetString(PyExc_ValueError, "fold table points past multi");
+        PyErr_SetString(PyExc_ValueError, "fold table or multi holds a value past Unicode");
     } else if (status == 0) {
-        result = Py_BuildValue("(y#y#)", (const char *)t.canon, t.nc * (Py_ssize_t)4,
-                               (const char *)(t.hashes + 1), t.nt * (Py_ssize_t)8);
+        result = Py_BuildValue("(y#y#)", (const char *)t->canon, t->nc * (Py_ssize_t)4,
+                               (const char *)(t->hashes + 1), t->nt * (Py_ssize_t)8);
     } else {
         goto nomem;
     }
@@ -790,13 +811,14 @@ static PyObject *tokenize(PyObject *self, PyObject *args) {
 nomem:
     PyErr_NoMemory();
 done:
-    if ((size_t)t.cap * 12 > KEEP_MAX) {
-        PyMem_Free(t.canon);
-        PyMem_Free(t.hashes);
-        t.canon = NULL;
-        t.hashes = NULL;
-        t.cap = 0;
+    if (t != &keep || (size_t)t->cap * 12 > KEEP_MAX) {
+        PyMem_Free(t->canon);
+        PyMem_Free(t->hashes);
+        t->canon = NULL;
+        t->hashes = NULL;
+        t->cap = 0;
     }
+    if (t == &keep) leased = 0;
     PyBuffer_Release(&classes);
     PyBuffer_Release(&keys);
     PyBuffer_Release(&multi);
@@ -1004,16 +1026,16 @@ static PyObject *ld_signature(PyObject *self, PyObject *args) {
     unsigned long long c;
     if (!PyArg_ParseTuple(args, "y*Ky*", &cps, &c, &mult)) return NULL;
     PyObject *result = NULL;
-    static Buf out;
-    out.len = 0;
+    static Scratch keep;
+    Buf own, *out = scratch_take(&keep, &own);
     if (c == 0 || mult.len < 8) {
         PyErr_SetString(PyExc_ValueError, "c and n must be >= 1");
-    } else if (ld_append(&out, cps.buf, cps.len / 4, c, mult.buf, mult.len / 8)) {
+    } else if (ld_append(out, cps.buf, cps.len / 4, c, mult.buf, mult.len / 8)) {
         PyErr_NoMemory();
     } else {
-        result = PyBytes_FromStringAndSize(out.data ? out.data : "", (Py_ssize_t)out.len);
+        result = PyBytes_FromStringAndSize(out->data ? out->data : "", (Py_ssize_t)out->len);
     }
-    buf_release_if_huge(&out);
+    scratch_give(&keep, out);
     PyBuffer_Release(&cps);
     PyBuffer_Release(&mult);
     return result;
@@ -1044,13 +1066,14 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*", &th, &sm, &a, &b, &family, &groups, &seed,
                           &cps, &c, &lm))
         return NULL;
-    static Buf shingle_buf, sig;
+    static Scratch shingle_keep, sig_keep;
+    Buf own_x, own_sig, *xs = scratch_take(&shingle_keep, &own_x),
+                        *sig = scratch_take(&sig_keep, &own_sig);
     PyObject *sketch = NULL, *feats = NULL, *result = NULL;
     Py_ssize_t k = a.len / 8, n = th.len / 8, w = sm.len / 8, m = n - w + 1;
-    sig.len = 0;
-    shingle_buf.len = 0;
-    if (b.len != a.len || family < 0 || family > 2 || groups < 1 || k % groups != 0 ||
-        w < 1 || c == 0 || lm.len < 8) {
+    /* groups <= k keeps groups * 8 within a.len */
+    if (b.len != a.len || family < 0 || family > 2 || groups < 1 || groups > k ||
+        k % groups != 0 || w < 1 || c == 0 || lm.len < 8) {
         PyErr_SetString(PyExc_ValueError, "inconsistent sketch or signature parameters");
         goto done;
     }
@@ -1061,26 +1084,26 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
     if (m <= 0) {
         memset(sk, 0xFF, k * 4);
     } else {
-        if (buf_reserve(&shingle_buf, (size_t)m * 8)) {
+        if (buf_reserve(xs, (size_t)m * 8)) { /* m <= n = th.len / 8 */
             PyErr_NoMemory();
             goto done;
         }
-        uint64_t *x = (uint64_t *)shingle_buf.data;
+        uint64_t *x = (uint64_t *)xs->data;
         shingles_k(th.buf, n, sm.buf, w, x);
         minhash_any(x, m, a.buf, b.buf, k, family, sk);
     }
     features_k(sk, groups, k / groups, seed, (uint64_t *)PyBytes_AS_STRING(feats));
-    if (ld_append(&sig, cps.buf, cps.len / 4, c, lm.buf, lm.len / 8)) {
+    if (ld_append(sig, cps.buf, cps.len / 4, c, lm.buf, lm.len / 8)) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(OOy#)", sketch, feats, sig.data ? sig.data : "",
-                           (Py_ssize_t)sig.len);
+    result = Py_BuildValue("(OOy#)", sketch, feats, sig->data ? sig->data : "",
+                           (Py_ssize_t)sig->len);
 done:
     Py_XDECREF(sketch);
     Py_XDECREF(feats);
-    buf_release_if_huge(&shingle_buf);
-    buf_release_if_huge(&sig);
+    scratch_give(&shingle_keep, xs);
+    scratch_give(&sig_keep, sig);
     PyBuffer_Release(&th);
     PyBuffer_Release(&sm);
     PyBuffer_Release(&a);
@@ -1181,6 +1204,10 @@ static PyObject *memtable_arrays(PyObject *self, PyObject *args) {
     PyObject *mem;
     Py_ssize_t count;
     if (!PyArg_ParseTuple(args, "O!n", &PyDict_Type, &mem, &count)) return NULL;
+    if (count < 0 || count > PY_SSIZE_T_MAX / 4) {
+        PyErr_SetString(PyExc_ValueError, "count out of range");
+        return NULL;
+    }
     PyObject *kb = PyBytes_FromStringAndSize(NULL, count * 4);
     PyObject *vb = PyBytes_FromStringAndSize(NULL, count * 4);
     if (kb == NULL || vb == NULL) goto fail;
@@ -1271,6 +1298,10 @@ static PyObject *multimap_get(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
                           &cap))
         return NULL;
+    if (cap < 1) {
+        PyErr_SetString(PyExc_ValueError, "cap must be >= 1");
+        return NULL;
+    }
     uint64_t one;
     Py_buffer q = {0};
     const uint64_t *keys = &one;
@@ -1296,13 +1327,16 @@ static PyObject *multimap_get(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"bind_lexbor", bind_lexbor, METH_VARARGS,
-     "bind_lexbor(path, text_node_addr, text_tag_id, marker): bind the tree walk to the "
-     "loaded selectolax module, calibrated on a text node holding `marker`."},
+     "bind_lexbor(path, text_node, marker, other): bind the tree walk to the loaded selectolax "
+     "module, calibrated on a LexborNode whose text is `marker` (its text becomes `other`)."},
     {"visible_text", visible_text, METH_VARARGS,
-     "visible_text(root_addr, drop_bitmap, break_bitmap) -> str"},
+     "visible_text(parser, drop_bitmap, break_bitmap) -> str: the walk over parser.body"},
     {"too_deep", too_deep, METH_VARARGS,
-     "too_deep(html, min_tags, limit, flat_names) -> bool: at least min_tags tags and element "
-     "nesting deeper than limit"},
+     "too_deep(html, min_tags, limit) -> bool: at least min_tags '<' and nesting_depth(html, "
+     "limit) > limit"},
+    {"nesting_depth", nesting_depth, METH_VARARGS,
+     "nesting_depth(html, limit) -> int: the deepest stack of open elements of nesting.py's "
+     "model, or limit + 1 once deeper"},
     {"tokenize", tokenize, METH_VARARGS,
      "tokenize(text, classes, offset_keys, fold, multi) -> (canonical uint32 bytes, token hash "
      "uint64 bytes), or None when fold is given and the text needs the whole-string NFKC"},
@@ -1329,6 +1363,10 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__native(void) {
+    if (nesting_init() != 0) {
+        PyErr_SetString(PyExc_ImportError, "the nesting model's name table is too small");
+        return NULL;
+    }
 #ifdef HAVE_AVX512_PATH
     if (have_avx512()) fast_path = fast_avx512;
 #endif

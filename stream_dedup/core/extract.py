@@ -18,9 +18,9 @@ dropped (its token soup and TeX annotations are not prose), as are ruby annotati
 ``<noframes>`` content is what a reader without frames sees, so that is what we return.
 
 ``boilerplate=True`` also drops page furniture shared by the pages of one site; see
-``_strip_boilerplate``. lexbor's tree building is quadratic in the nesting depth of block
-elements (100k nested ``<div>`` take ~12 s), so absurdly deep pages are stripped with regexes
-instead of being parsed.
+``_strip_boilerplate``. lexbor's tree building is quadratic in the nesting depth (100k nested
+``<div>`` take ~12 s, 120k ``<rt>`` 13.9 s), so pages that `nesting` finds could nest too deep
+are stripped with regexes instead of being parsed.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ import re
 
 import selectolax.lexbor
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, LexborNode
+
+from . import nesting
 
 try:
     from . import _native
@@ -83,8 +85,9 @@ _BREAKING_BITS = _bitmap(_BREAKING_IDS)
 
 
 def _bind_native() -> bool:
-    """Bind the kernel's walk to the loaded selectolax, calibrated on a known text node.
-    False (and the Python walk) if this selectolax does not export what it needs."""
+    """Bind the kernel's walk to the loaded selectolax, calibrated on a text node of a
+    document made for it. False (and the Python walk) if this selectolax does not export what
+    the kernel needs or its text nodes are not laid out as the calibration requires."""
     if _native is None or max(_INVISIBLE_IDS | _BREAKING_IDS) >= _TAG_BITS:
         return False
     marker = "stream-dedup calibration text 0123456789"
@@ -94,7 +97,7 @@ def _bind_native() -> bool:
     if text is None:
         return False
     try:
-        _native.bind_lexbor(selectolax.lexbor.__file__, text.mem_id, text.tag_id, marker.encode())
+        _native.bind_lexbor(selectolax.lexbor.__file__, text, marker.encode(), b"recalibrated")
     except ImportError:
         return False
     return True
@@ -120,17 +123,11 @@ _LINK_DENSITY = 0.5  # link text / all text above which a short block is navigat
 _SHORT = 1000  # non-space characters; longer link-heavy blocks (TOCs, references) stay
 
 # --- pathological nesting ------------------------------------------------------------------
-_TAG_COUNT_CHECK = 50_000  # below this many '<', even the worst nesting parses in ~1.5 s
-_MAX_DEPTH = 2_000
-_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9-]*)")
-_NO_DEPTH = {
-    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
-    "source", "track", "wbr", "p", "li", "dt", "dd", "td", "th", "tr", "tbody", "thead",
-    "tfoot", "option", "optgroup", "rb", "rt", "rp", "colgroup", "caption",
-}  # fmt: skip
-_NO_DEPTH_PACKED = b"".join(
-    name.encode().ljust(8, b"\0") for name in sorted(_NO_DEPTH) if len(name) <= 8
-)
+# lexbor's tree building is quadratic in how deep the stack of open elements gets; `nesting`
+# models that depth whatever the tags. Below _TAG_COUNT_CHECK '<' even the worst page parses
+# in about 0.1 s; the deepest page of the WARC corpus reaches 138 in the model.
+_TAG_COUNT_CHECK = 10_000
+_MAX_DEPTH = 1_000
 _RAW_BLOCKS = re.compile(
     r"<!--.*?(?:-->|$)|<(script|style|noscript|template|svg|math|head|title|iframe|object)\b"
     r".*?(?:</\1\s*>|$)",
@@ -174,8 +171,8 @@ def _extract(html: str, boilerplate: bool, *, allow_noframes: bool) -> str:
         _walk(body, drop, frozenset())
         _strip_boilerplate(body)
         drop = frozenset()
-    if NATIVE_WALK:  # `tree` holds the document while the kernel reads it
-        return _native.visible_text(body.mem_id, _INVISIBLE_BITS, _BREAKING_BITS)
+    if NATIVE_WALK:
+        return _native.visible_text(tree, _INVISIBLE_BITS, _BREAKING_BITS)
     _walk(body, drop, _BREAKING_IDS)
     return body.text()
 
@@ -279,28 +276,18 @@ def _in_section(node: LexborNode) -> bool:
 
 
 def _too_deep(html: str) -> bool:
-    """True if the page nests elements so deeply that lexbor would take seconds to parse it.
-
-    Only pages with many tags can be slow, so only they pay for this scan. Elements that close
-    themselves implicitly (p, li, td...) and void ones do not deepen the tree.
-    """
-    if len(html) < _TAG_COUNT_CHECK:
+    """True if the page could nest elements so deeply that lexbor would take seconds to parse
+    it (see `nesting`). Only pages with many tags can be slow, so only they pay for the scan."""
+    if len(html) < 3 * _TAG_COUNT_CHECK:  # a start tag takes 3 characters at least: "<a>"
         return False
+    if not html.isascii():
+        try:
+            html.encode()
+        except UnicodeEncodeError:  # selectolax drops lone surrogates: so must the model
+            html = html.encode(errors="ignore").decode()
     if _native is not None:
-        return bool(_native.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH, _NO_DEPTH_PACKED))
-    if html.count("<") < _TAG_COUNT_CHECK:
-        return False
-    depth = 0
-    for match in _TAG.finditer(html):
-        if match.group(2).lower() in _NO_DEPTH:
-            continue
-        if match.group(1):
-            depth = max(depth - 1, 0)
-        else:
-            depth += 1
-            if depth > _MAX_DEPTH:
-                return True
-    return False
+        return bool(_native.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH))
+    return nesting.too_deep(html, _TAG_COUNT_CHECK, _MAX_DEPTH)
 
 
 def _regex_text(html: str) -> str:

@@ -197,6 +197,24 @@ def own_broker(tmp_path: Path):  # type: ignore[no-untyped-def]
                        timeout=120)
 
 
+def _serve(bootstrap: str, t: dict[str, str], log: Path, *extra: str
+           ) -> subprocess.Popen[bytes]:
+    """`serve` as a child process of this test (its broker is the test's own)."""
+    with open(log, "wb") as fh:
+        return subprocess.Popen(
+            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
+             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
+             "--dead-letter-topic", t["dead"], "--group-id", t["group"], "--http-port", "0",
+             *extra], stdout=fh, stderr=fh)
+
+
+def _sigterm_exits_within(proc: subprocess.Popen[bytes], log: Path, seconds: float) -> None:
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    assert time.monotonic() - started < seconds, log.read_text()[-3000:]
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -211,12 +229,7 @@ def test_broker_outage_mid_stream_is_survived_quietly(own_broker, tmp_path: Path
     kcat_produce(bootstrap, t["input"], [page_message(p) for p in first])
     port = free_port()
     log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
-             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
-             "--dead-letter-topic", t["dead"], "--group-id", t["group"],
-             "--http-port", str(port), "--batch-size", "20"], stdout=fh, stderr=fh)
+    proc = _serve(bootstrap, t, log, "--http-port", str(port), "--batch-size", "20")
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for("the first half decided",
@@ -237,10 +250,7 @@ def test_broker_outage_mid_stream_is_survived_quietly(own_broker, tmp_path: Path
         wait_for("every page decided after the outage",
                  lambda: len(kcat_consume(bootstrap, t["decisions"])) >= len(pages), timeout=180)
         assert get(base + "/readyz")[0] == 200
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert time.monotonic() - started < 10
+        _sigterm_exits_within(proc, log, 10)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -256,21 +266,13 @@ def test_sigterm_while_the_broker_is_down_exits_within_seconds(own_broker, tmp_p
     pages = build(seed=57)
     kcat_produce(bootstrap, t["input"], [page_message(p) for p in pages])
     log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
-             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
-             "--dead-letter-topic", t["dead"], "--group-id", t["group"],
-             "--http-port", "0", "--batch-size", "5"], stdout=fh, stderr=fh)
+    proc = _serve(bootstrap, t, log, "--batch-size", "5")
     try:
         wait_for("a first decision", lambda: len(kcat_consume(bootstrap, t["decisions"])) >= 1)
         broker("stop")
         wait_for("the service to notice", lambda: "Unable" in log.read_text(errors="replace")
                  or "not acknowledged" in log.read_text(errors="replace"), timeout=60)
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
-        assert time.monotonic() - started < 10, log.read_text()[-3000:]
+        _sigterm_exits_within(proc, log, 10)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -335,19 +337,11 @@ def test_sigterm_while_connecting_to_a_hung_broker(own_broker, tmp_path: Path) -
     t = names("hung")
     broker("freeze")
     log = tmp_path / "serve.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", bootstrap,
-             "--input-topic", t["input"], "--decisions-topic", t["decisions"],
-             "--dead-letter-topic", t["dead"], "--group-id", t["group"], "--http-port", "0"],
-            stdout=fh, stderr=fh)
+    proc = _serve(bootstrap, t, log)
     try:
         wait_for("the service to start connecting",
                  lambda: "stream-dedup serve:" in log.read_text(errors="replace"))
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
-        assert time.monotonic() - started < 10, log.read_text()[-3000:]
+        _sigterm_exits_within(proc, log, 10)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -1,5 +1,5 @@
 """Imported by the analysis pool's forkserver at its start (forkserver preload), and by
-nothing else: it makes that process, and every worker it forks, ignore SIGINT and SIGTERM
+nothing else: it makes that process, and every worker it forks, ignore the stop signals
 (see workers.py). Importing the package loads the pipeline too, so a worker is forked with
 it loaded instead of importing it again."""
 

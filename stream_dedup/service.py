@@ -45,10 +45,10 @@ CLOSE_TIMEOUT_S = 3.0  # closing the clients may wait this long on a broker that
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
-    """Run the service until `stop` (or SIGTERM/SIGINT); the exit code."""
+    """Run the service until `stop` (or SIGTERM/SIGINT/SIGHUP); the exit code."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
         try:
             loop.add_signal_handler(sig, _stopper(stop, sig))
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)

@@ -1,11 +1,12 @@
 """Worker processes that stop only when their parent says so, and die with it.
 
     parent (serve, replay) ─┬─ resource tracker   ignores SIGINT/SIGTERM (multiprocessing does)
-                            └─ forkserver         ignores SIGINT/SIGTERM (`_forkserver` preload)
+                            └─ forkserver         ignores SIGINT/SIGTERM/SIGHUP (`_forkserver`)
                                  ├─ worker 1      inherits that; a thread reads `alive`
                                  └─ worker N      and exits at EOF (the parent is gone)
 
-Stop signals: Ctrl-C and systemd send SIGINT/SIGTERM to the whole process group. Only the
+Stop signals: Ctrl-C and systemd send SIGINT/SIGTERM (a closed terminal SIGHUP) to the whole
+process group. Only the
 parent may act on them: it finishes the batch in flight and commits it. A worker killed by
 them breaks the pool under that batch (BrokenProcessPool), so the workers ignore them, and so
 does the forkserver, which would otherwise die of a SIGTERM and fail the next worker start.
@@ -34,7 +35,7 @@ from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class WorkerPool(ProcessPoolExecutor):
@@ -69,7 +70,7 @@ def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ..
 
 
 def ignore_stop_signals() -> None:
-    """In the forkserver (see `_forkserver`): ignore, then unblock, SIGINT and SIGTERM."""
+    """In the forkserver (see `_forkserver`): ignore, then unblock, the stop signals."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)

@@ -104,7 +104,8 @@ def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None
     assert final.stop() == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_stop_signal_to_the_group_while_workers_are_busy(
         kafka_bootstrap: str, service, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap, seeds=30)

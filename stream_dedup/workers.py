@@ -6,12 +6,13 @@
                                  └─ worker N      and exits at EOF (the parent is gone)
 
 Stop signals: Ctrl-C and systemd send SIGINT/SIGTERM (a closed terminal SIGHUP) to the whole
-process group. Only the
-parent may act on them: it finishes the batch in flight and commits it. A worker killed by
-them breaks the pool under that batch (BrokenProcessPool), so the workers ignore them, and so
-does the forkserver, which would otherwise die of a SIGTERM and fail the next worker start.
-The parent blocks both while it starts the forkserver: a signal that arrives before the
-forkserver has set them to ignored waits, blocked, and is dropped then.
+process group. Only the parent may act on them: it finishes the batch in flight and commits
+it. A worker killed by them breaks the pool under that batch (BrokenProcessPool), so the
+workers ignore them, and so does the forkserver, which would otherwise die of a SIGTERM and
+fail the next worker start. The parent blocks them while it starts the forkserver: a signal
+that arrives before the forkserver has set them to ignored waits, blocked, and is dropped
+then. (The resource tracker ignores only SIGINT and SIGTERM: a SIGHUP ends it, which costs
+nothing but a warning about semaphores at exit.)
 
 Death of the parent (SIGKILL, OOM): each worker holds the forkserver's "alive" pipe and the
 resource tracker's pipe open, and waits on a task queue whose write end it also holds, so

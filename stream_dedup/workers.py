@@ -11,8 +11,8 @@ it. A worker killed by them breaks the pool under that batch (BrokenProcessPool)
 workers ignore them, and so does the forkserver, which would otherwise die of a SIGTERM and
 fail the next worker start. The parent blocks them while it starts the forkserver: a signal
 that arrives before the forkserver has set them to ignored waits, blocked, and is dropped
-then. (The resource tracker ignores only SIGINT and SIGTERM: a SIGHUP ends it, which costs
-nothing but a warning about semaphores at exit.)
+then. (The resource tracker, multiprocessing's own, ignores only SIGINT and SIGTERM; the
+group-signal test passes with SIGHUP all the same.)
 
 Death of the parent (SIGKILL, OOM): each worker holds the forkserver's "alive" pipe and the
 resource tracker's pipe open, and waits on a task queue whose write end it also holds, so

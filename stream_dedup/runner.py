@@ -3,8 +3,10 @@
 For every batch of consumed records, in this order:
   1. fetch up to `batch_size` records (getmany); keep only partitions still assigned;
   2. turn each record into a Page or a Rejected (bad input is a value, not an exception);
-  3. decide the batch in input order, per partition, in a worker thread (the pure stages
-     fan out to a process pool), so the event loop keeps serving fetches and heartbeats;
+  3. write the batch's plan to the index (a persistent one keeps it until the commit, so a
+     restart decides that batch again exactly as cut: `adopt_plan`); decide the batch in
+     input order, per partition, in a worker thread (the pure stages fan out to a process
+     pool), so the event loop keeps serving fetches and heartbeats;
   4. send one decision per record (decisions topic, key = URL), the original record to
      the kept topic for `keep` decisions, and the original bytes plus the error to the
      dead-letter topic for `reject` decisions;
@@ -18,13 +20,13 @@ Errors, by aiokafka's `retriable` flag (timeouts and lost connections count as r
 - a retriable one is retried with backoff; a send resends only the messages that were not
   acknowledged, so a long outage does not multiply the outputs;
 - a message larger than its topic accepts is never sent: sinks/kafka.py reduces it first,
-  against the limits read at start (and again, to the minimum, if the broker still refuses);
+  against the limits read at start (and to its floor if the broker still refuses it);
 - any other error stops the service with a KafkaDeliveryError that names it; a commit
   refused because the group rebalanced is not an error (the new owner gets the records);
 - a record that cannot become a page is a reject (sources/kafka.py never raises), and a
   page whose deciding raises an unexpected error becomes an `internal-error` reject: one
   record never stops the stream.
-Stop (SIGTERM/SIGINT) finishes the batch in flight if the broker takes it within
+Stop (SIGTERM/SIGINT/SIGHUP) finishes the batch in flight if the broker takes it within
 STOP_GRACE_S, else abandons it uncommitted (it is delivered again), so a stop never waits on
 a broker that is down.
 

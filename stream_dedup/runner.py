@@ -203,7 +203,7 @@ class Runner:
         settings: Settings,
         dedup: Deduplicator,
         consumer: AIOKafkaConsumer,
-        producer: AIOKafkaProducer,
+        producer: AIOKafkaProducer | None,  # None until the service has made it (new_producer)
         pool: Executor | None = None,
         metrics: Metrics | None = None,
         limits: Limits | None = None,
@@ -453,6 +453,7 @@ class Runner:
         be queued (the broker's metadata is unreachable) the rest are not tried."""
         queued: list[tuple[Message, asyncio.Future[Any]]] = []
         failed: list[tuple[Message, BaseException]] = []
+        assert self.producer is not None, "the service makes the producer before run()"
         for i, msg in enumerate(messages):
             try:
                 ack = await self.producer.send(msg.topic, msg.value, key=msg.key,

@@ -115,45 +115,38 @@ class Service:
         m = self.metrics
         self.log_limiter = quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
         consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
-        producer = make_producer(settings, lambda: m.kafka_error("metadata"))
 
         async def new_producer() -> AIOKafkaProducer:
-            fresh = make_producer(settings, lambda: m.kafka_error("metadata"),
-                                  runner.limits.batch(self._output_topics()))
-            await retry("restarting the producer", fresh.start, stop,
-                        lambda _: m.kafka_error("connect"))
+            """Made once the broker's limits are known: its batches stay within the smallest
+            output topic's max.message.bytes (the broker holds a whole batch to it)."""
+            batch = runner.limits.batch(self._output_topics())
+            fresh = make_producer(settings, lambda: m.kafka_error("metadata"), batch)
+            await retry("connecting the producer", lambda: within_grace(fresh.start(), stop),
+                        stop, lambda _: m.kafka_error("connect"))
+            if batch < DEFAULT_BATCH:
+                log.info("producer batches of at most %d bytes (the smallest output topic "
+                         "limit)", batch)
             return fresh
 
         runner = self.runner = Runner(
-            settings, dedup, consumer, producer, pool, m, new_producer=new_producer,
+            settings, dedup, consumer, None, pool, m, new_producer=new_producer,
             new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None)
         consumer.subscribe([settings.input_topic], listener=runner.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
                  settings.bootstrap_servers, settings.workers)
-        started: list[Any] = []
         try:
-            for name, client in (("producer", producer), ("consumer", consumer)):
-                started.append(client)  # closed at the end even if its start is cut short
-                # A stop cuts a start short: a hung broker can hold one for 40 s.
-                await retry(f"connecting the {name} to {settings.bootstrap_servers}",
-                            lambda c=client: within_grace(c.start(), stop), stop,
-                            lambda _: m.kafka_error("connect"))
+            # A stop cuts a start short: a hung broker can hold one for 40 s.
+            await retry(f"connecting the consumer to {settings.bootstrap_servers}",
+                        lambda: within_grace(consumer.start(), stop), stop,
+                        lambda _: m.kafka_error("connect"))
+            runner.limits = await read_limits(settings, self._output_topics())
+            self._warn_about_limits(runner)
+            runner.producer = await new_producer()
             if stop.is_set():
                 raise Abandoned("stopped while connecting")
             self.connected = True
-            runner.limits = limits = await read_limits(settings, self._output_topics())
-            self._warn_about_limits(runner)
-            batch = limits.batch(self._output_topics())
-            if batch < DEFAULT_BATCH:  # an output topic accepts less than a default batch
-                small = make_producer(settings, lambda: m.kafka_error("metadata"), batch)
-                await retry("restarting the producer", small.start, stop,
-                            lambda _: m.kafka_error("connect"))
-                await stop_within(runner.producer, CLOSE_TIMEOUT_S)
-                runner.producer = small
-                log.info("producer batches of at most %d bytes (the smallest output topic "
-                         "limit)", batch)
             log.info("connected; consuming")
             await runner.run(stop)
         except Abandoned:
@@ -167,9 +160,9 @@ class Service:
                 return 1
         finally:
             self.connected = False
-            await asyncio.gather(*(
-                stop_within(runner.producer if client is producer else client, CLOSE_TIMEOUT_S)
-                for client in started))
+            # The consumer even if its start was cut short.
+            clients = [c for c in (runner.producer, consumer) if c is not None]
+            await asyncio.gather(*(stop_within(c, CLOSE_TIMEOUT_S) for c in clients))
             if runner.pool is not None:
                 runner.pool.shutdown()
             await asyncio.to_thread(dedup.close)

@@ -38,16 +38,15 @@ acknowledged.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -55,9 +54,7 @@ from aiokafka.errors import (
     CommitFailedError,
     IllegalGenerationError,
     IllegalStateError,
-    KafkaConnectionError,
     KafkaError,
-    KafkaTimeoutError,
     MessageSizeTooLargeError,
     RebalanceInProgressError,
     RecordTooLargeError,
@@ -66,7 +63,17 @@ from aiokafka.errors import (
 
 from .config import Settings
 from .errors import KafkaDeliveryError, StreamDedupError
-from .kafka_client import Limits, stop_within
+from .kafka_client import (
+    MAX_BACKOFF_S,
+    STOP_GRACE_S,
+    Abandoned,
+    Limits,
+    is_retriable,
+    pause,
+    retry,
+    stop_within,
+    within_grace,
+)
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
 from .pipeline import Deduplicator
@@ -75,26 +82,13 @@ from .sources.kafka import page_from_message, source_of
 
 log = logging.getLogger("stream_dedup.runner")
 
-MAX_BACKOFF_S = 30.0
 EXPIRY_EVERY_S = 60.0
 POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
-STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
 REFORM_TIMEOUT_S = 120.0  # how long a restart waits for the records of the batch in flight
 # A commit refused because the group moved on: the records go to their new owner.
 REBALANCED = (CommitFailedError, IllegalStateError, RebalanceInProgressError,
               UnknownMemberIdError, IllegalGenerationError)
 TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
-T = TypeVar("T")
-
-
-class Abandoned(Exception):
-    """A stop came while Kafka could not take the batch in flight: it stays uncommitted."""
-
-
-def is_retriable(exc: BaseException) -> bool:
-    """aiokafka's own flag, plus timeouts and lost connections (which it leaves unflagged)."""
-    return bool(getattr(exc, "retriable", False)) or isinstance(
-        exc, KafkaTimeoutError | KafkaConnectionError)
 
 
 @dataclass
@@ -105,53 +99,6 @@ class RunStats:
     send_retries: int = 0
     abandoned: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
-
-
-async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event,
-                failed: Callable[[KafkaError], None] | None = None) -> T:
-    """Run `attempt` until it succeeds, with exponential backoff, logging (and telling
-    `failed` about) every failure. A non-retriable error is raised as it is; a stop during
-    the backoff raises Abandoned."""
-    delay = 0.5
-    while True:
-        try:
-            return await attempt()
-        except KafkaError as exc:
-            if failed is not None:
-                failed(exc)
-            if not is_retriable(exc):
-                raise
-            if stop.is_set():
-                raise Abandoned(what) from exc
-            log.warning("%s failed (%s: %s); retrying in %.1f s", what, type(exc).__name__,
-                        exc, delay)
-            await _pause(stop, delay)
-            delay = min(delay * 2, MAX_BACKOFF_S)
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep, cut short by a stop."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def within_grace(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
-    """Run `work`; once `stop` is set it has STOP_GRACE_S more, then it is cancelled and
-    Abandoned is raised."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            raise Abandoned("stopped while the broker did not answer")
-        return task.result()
-    finally:
-        stopping.cancel()
 
 
 class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -297,7 +244,7 @@ class Runner:
                                                  f"{exc}") from exc
                     log.warning("fetching records failed (%s: %s); retrying in %.1f s",
                                 type(exc).__name__, exc, fetch_delay)
-                    await _pause(stop, fetch_delay)
+                    await pause(stop, fetch_delay)
                     fetch_delay = min(fetch_delay * 2, MAX_BACKOFF_S)
                     continue
                 fetch_delay = 0.5
@@ -444,7 +391,7 @@ class Runner:
             log.warning("%d of %d messages not acknowledged (%s: %s); sending them again in "
                         "%.1f s", len(failed), len(pending), type(exc).__name__, exc, delay)
             self.stats.send_retries += 1
-            await _pause(stop, delay)
+            await pause(stop, delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
             pending = again
 

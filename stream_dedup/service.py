@@ -28,15 +28,18 @@ from .errors import StreamDedupError
 from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     DEFAULT_BATCH,
+    Abandoned,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
     read_limits,
+    retry,
     stop_within,
+    within_grace,
 )
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
-from .runner import Abandoned, Runner, retry, within_grace
+from .runner import Runner
 
 log = logging.getLogger("stream_dedup.service")
 

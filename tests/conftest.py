@@ -28,26 +28,32 @@ if FORCED_BLOCK_PATH is not None:
     _native.block_path(FORCED_BLOCK_PATH)
 
 
+def _deploy_local(name: str, what: str, directory: Path, env: dict[str, str],
+                  timeout: float) -> Iterator[str]:
+    """`deploy/<name> start DIR` (an error if it fails), its address, then `stop DIR`."""
+    script = str(REPO / "deploy" / name)
+    env = {**os.environ, **env}
+    started = subprocess.run([script, "start", str(directory)], env=env, capture_output=True,
+                             text=True, timeout=timeout)
+    if started.returncode != 0:
+        pytest.fail(f"could not start {what}:\n{started.stderr[-3000:]}")
+    try:
+        yield started.stdout.strip().splitlines()[-1]
+    finally:
+        subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
+                       timeout=120)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     given = os.environ.get("STREAM_DEDUP_TEST_BOOTSTRAP")
     if given:
         yield given
         return
-    directory = tmp_path_factory.mktemp("kafka")
     port = free_broker_port()
-    env = {**os.environ, "KAFKA_LOCAL_PORT": str(port),
-           "KAFKA_LOCAL_CONTROLLER_PORT": str(free_broker_port(taken=port))}
-    script = str(REPO / "deploy" / "kafka-local")
-    started = subprocess.run([script, "start", str(directory)], env=env, capture_output=True,
-                             text=True, timeout=600)
-    if started.returncode != 0:
-        pytest.fail(f"could not start a Kafka broker:\n{started.stderr[-3000:]}")
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
-                       timeout=120)
+    yield from _deploy_local("kafka-local", "a Kafka broker", tmp_path_factory.mktemp("kafka"),
+                             {"KAFKA_LOCAL_PORT": str(port), "KAFKA_LOCAL_CONTROLLER_PORT":
+                              str(free_broker_port(taken=port))}, timeout=600)
 
 
 @pytest.fixture(scope="session")
@@ -57,16 +63,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     if given:
         yield given
         return
-    directory = tmp_path_factory.mktemp("redis")
-    env = {**os.environ, "REDIS_LOCAL_PORT": str(free_redis_ports(3)),
-           "REDIS_LOCAL_MODE": "cluster", "REDIS_LOCAL_REPLICAS": "0"}
-    script = str(REPO / "deploy" / "redis-local")
-    started = subprocess.run([script, "start", str(directory)], env=env, capture_output=True,
-                             text=True, timeout=120)
-    if started.returncode != 0:
-        pytest.fail(f"could not start a Redis Cluster:\n{started.stderr[-3000:]}")
-    try:
-        yield started.stdout.strip().splitlines()[-1]
-    finally:
-        subprocess.run([script, "stop", str(directory)], env=env, capture_output=True,
-                       timeout=60)
+    yield from _deploy_local("redis-local", "a Redis Cluster", tmp_path_factory.mktemp("redis"),
+                             {"REDIS_LOCAL_PORT": str(free_redis_ports(3)),
+                              "REDIS_LOCAL_MODE": "cluster", "REDIS_LOCAL_REPLICAS": "0"},
+                             timeout=120)

@@ -28,6 +28,7 @@ A script that prints figures, not a test. In one bounded run it:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -43,6 +44,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_LOCAL = REPO / "deploy" / "kafka-local"
 sys.path.insert(0, str(REPO))
+
+from throughput import create_topics, free_port  # noqa: E402  (bench/ is sys.path[0])
 
 from stream_dedup.sample import build  # noqa: E402
 
@@ -147,7 +150,7 @@ def main() -> None:
 def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path,
         c: Campaign) -> None:
     topic = c.topic = f"faults-{args.seed}-{int(time.time())}"
-    _create(bootstrap, topic)
+    asyncio.run(create_topics(bootstrap, {topic: {}}, partitions=3))
     pages = []
     seed = 1
     while len(pages) < args.pages:
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path
     print(f"produced {c.records} records ({sum(c.malformed.values())} malformed) in "
           f"{time.monotonic() - started:.0f} s")
 
-    port = _port()
+    port = free_port()
     log = work / "serve.log"
     # Kill points and the outage, in pages decided by the run in progress (seeded).
     kill_after = [rng.randrange(20, 300) for _ in range(args.kills)]
@@ -305,28 +308,6 @@ def report(args: argparse.Namespace, c: Campaign, bootstrap: str) -> None:
 def _header(m: dict[str, object], name: str) -> str:
     h = list(m.get("headers") or [])  # type: ignore[call-overload]
     return str(dict(zip(h[::2], h[1::2], strict=True)).get(name))
-
-
-def _create(bootstrap: str, topic: str) -> None:
-    import asyncio
-
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    async def go() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 3, 1)])
-        finally:
-            await admin.close()
-    asyncio.run(go())
-
-
-def _port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 if __name__ == "__main__":

@@ -219,12 +219,13 @@ def replay_pass(path: Path, settings: Settings, workers: int, n: int
 # --- Kafka ------------------------------------------------------------------------------------
 
 
-async def create_topics(bootstrap: str, topics: dict[str, dict[str, str]]) -> None:
+async def create_topics(bootstrap: str, topics: dict[str, dict[str, str]],
+                        partitions: int = 1) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         response = await admin.create_topics(
-            [NewTopic(name, 1, 1, topic_configs=cfg) for name, cfg in topics.items()],
+            [NewTopic(name, partitions, 1, topic_configs=cfg) for name, cfg in topics.items()],
             timeout_ms=30_000)
         errors = [e for e in response.topic_errors if e[1] != 0]
         if errors:

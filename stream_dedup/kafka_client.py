@@ -14,7 +14,7 @@ Three things aiokafka does not do by itself, each reproduced against a real brok
   the record arrives and `sources.kafka` turns it into a `bad-header` dead letter.
 - **A broker that is down.** A failed metadata update is retried at once, and the fetcher
   and the sender wait on that retry in loops: with the broker stopped the process spun at
-  50-70 % CPU writing ~21,000 ERROR lines a second, and counted none of it.
+  50-73 % CPU writing ~21,000 ERROR lines a second, and counted none of it.
   `throttle_metadata` makes a failed update wait (0.1 s doubling to 5 s, reset by a
   success) and counts it (`stream_dedup_kafka_errors_total{operation="metadata"}`);
   `RateLimitedLog` keeps at most a few lines per message per interval and says how many it

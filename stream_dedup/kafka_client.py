@@ -205,7 +205,6 @@ class RateLimitedLog(logging.Filter):
         super().__init__()
         self.interval, self.burst, self.clock, self.on_drop = interval, burst, clock, on_drop
         self._windows: dict[tuple[str, str], list[float]] = {}  # key -> [start, count, dropped]
-        self.dropped = 0
 
     def filter(self, record: logging.LogRecord) -> bool:
         key = (record.name, str(record.msg))
@@ -223,7 +222,6 @@ class RateLimitedLog(logging.Filter):
         if window[1] <= self.burst:
             return True
         window[2] += 1
-        self.dropped += 1
         self.on_drop()
         return False
 

@@ -116,7 +116,7 @@ class Service:
         self.api.dedup = dedup
         pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
         m = self.metrics
-        self.log_limiter = quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
+        quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
         consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
 
         async def new_producer() -> AIOKafkaProducer:

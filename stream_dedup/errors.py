@@ -4,6 +4,7 @@
     ├── ConfigError                  bad settings (never retriable)
     ├── IndexMismatchError           an index built with other sketch parameters
     ├── IndexStoreError              index directory missing/corrupt/unwritable
+    ├── IndexUnavailable             a shared index cannot answer now (retriable)
     ├── KafkaDeliveryError           Kafka refused an operation for good (not retriable)
     └── PageError                    one bad input page; becomes a `reject` decision
                                      (`kind` is the decision's reason, e.g. "bad-json")
@@ -32,6 +33,14 @@ class IndexMismatchError(StreamDedupError):
 class IndexStoreError(StreamDedupError):
     """The index directory is missing, not an index, corrupt, or cannot be written (disk
     full). Nothing is overwritten; the service stops with a non-zero exit."""
+
+
+class IndexUnavailable(StreamDedupError):
+    """A shared index (Redis) cannot answer now: a node is down or failing over, or a page
+    this batch must wait for is still being decided elsewhere. Nothing of the batch is
+    final; deciding it again later is safe (every index step is idempotent)."""
+
+    retriable = True
 
 
 class KafkaDeliveryError(StreamDedupError):

@@ -20,7 +20,7 @@ from stream_dedup.models import Decision, Page
 from stream_dedup.pipeline import Deduplicator
 from stream_dedup.sources.files import iter_inputs
 
-from .test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
+from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 pytestmark = [
     pytest.mark.corpus,

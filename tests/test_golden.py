@@ -60,6 +60,7 @@ def digest(decisions: list[Decision]) -> str:
 
 
 def decide_all(paths: list[Path], settings: Settings, batch: int) -> list[Decision]:
+    """Every item in batches of `batch`: the corpus, then the corpus again as new pages."""
     dd = Deduplicator(settings)
     first = list(iter_inputs(paths))
     # The corpus again, as new pages (no source: not a re-delivery): exact-layer drops.
@@ -83,3 +84,10 @@ def test_memory_index_gives_the_golden_decisions(paths: list[Path], name: str,
     decisions = decide_all(paths, Settings(**SETTINGS[name]), batch)
     assert len(decisions) > 600
     assert digest(decisions) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_lsm_index_gives_the_golden_decisions(paths: list[Path], name: str,
+                                               tmp_path: Path) -> None:
+    settings = Settings(**SETTINGS[name], index="lsm", index_path=str(tmp_path / "idx"))
+    assert digest(decide_all(paths, settings, 64)) == GOLDEN[name]

@@ -75,7 +75,7 @@ from .kafka_client import (
     within_grace,
 )
 from .metrics import Metrics
-from .models import Decision, Page, Rejected
+from .models import Decision, Page, Rejected, position_id
 from .pipeline import Deduplicator
 from .sinks.kafka import Message, Topics, as_record, messages_for
 from .sources.kafka import page_from_message, source_of
@@ -455,5 +455,6 @@ class Runner:
             rec.value, rec.key, list(rec.headers or ()),
             source_of(rec.topic, rec.partition, rec.offset),
             input_format=self.settings.input_format, max_bytes=self.settings.max_page_bytes,
+            position=position_id(rec.timestamp, rec.partition, rec.offset),
         )
 

@@ -7,20 +7,19 @@ exactly those decisions (page ids aside: they are numbered differently per backe
 
 from __future__ import annotations
 
-import hashlib
 import base64
+import hashlib
 import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
 from stream_dedup.pipeline import Deduplicator
 from stream_dedup.sources.files import iter_inputs
-
-from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 pytestmark = [
     pytest.mark.corpus,

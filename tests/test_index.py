@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from indexkit import candidates, first_with, keep
 
 from stream_dedup.index import CANONICAL, RAW, SUPPORTED_INDEXES, FeatureIndex, StoredDoc

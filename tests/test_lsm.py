@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from indexkit import candidates, first_with, keep
 
 from stream_dedup import Settings
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
-from indexkit import candidates, first_with, keep
-
 from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
 from stream_dedup.index.lsm import LsmIndex
 from stream_dedup.pipeline import Deduplicator

@@ -15,9 +15,8 @@ code all become a Rejected whose raw bytes go to the dead-letter topic.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..errors import PageError
 from ..models import Page, Rejected

@@ -33,8 +33,8 @@ from .core.sketch import Sketcher
 from .core.tokens import Tokens
 from .decide import Analysis, decide_batch
 from .errors import PageError
-from .index import open_index
-from .index.base import Claim, FeatureIndex, Plan, Probe
+from .index import index_for
+from .index.base import WAIT, Claim, FeatureIndex, Plan, Probe
 from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
 from .workers import pool as worker_pool
 
@@ -211,8 +211,7 @@ class Deduplicator:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         s = self.settings
-        self.index: FeatureIndex = index if index is not None else open_index(
-            s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
+        self.index: FeatureIndex = index if index is not None else index_for(s)
         self.counters = Counters()
         self.observer: Observer = observer or NullObserver()
         # Serializes everything that reads or changes the index, counters and _recent.
@@ -331,9 +330,13 @@ class Deduplicator:
             started = perf_counter()
             answers = self.index.lookup([_probe(analyses[k], ids[k]) for k in todo])
             live = []
+            later = []
             for k, answer in zip(todo, answers, strict=True):
-                if answer.prior is not None:  # a shared store decided it before
-                    out[pages[k][0]] = answer.prior
+                if answer.prior == WAIT:
+                    later.append(k)
+                elif answer.prior is not None:  # a shared store decided it before
+                    page = pages[k][1]
+                    out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source)
                     fresh[pages[k][0]] = False
                     self.counters.redelivered += 1
                     self.observer.redelivered(answer.prior)
@@ -347,7 +350,7 @@ class Deduplicator:
                 Claim(_probe(analyses[k], ids[k]), v.doc, v.decision, v.depends_on)
                 for (k, _), v in zip(live, verdicts, strict=True)])
             index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
-            todo = []
+            todo = later
             for (k, _), v, ok in zip(live, verdicts, won, strict=True):
                 if v.decision is None:  # only fingerprinted, and the stored copy is gone
                     analyses[k] = self.analyzer.analyze(analyses[k].page)

@@ -44,3 +44,17 @@ def first_with(index: FeatureIndex, layer: int, fingerprint: int) -> int | None:
 
 
 __all__ = ["CANONICAL", "RAW", "candidates", "first_with", "keep", "probe_of"]
+
+
+def flush_redis(url: str) -> None:
+    """Empty every primary of the Redis at `url` (a test's own clean store)."""
+    from redis.cluster import RedisCluster
+
+    from stream_dedup.index.redis import connect
+
+    client = connect(url)
+    if isinstance(client, RedisCluster):
+        client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    else:
+        client.flushall()
+    client.close()

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from indexkit import flush_redis
 from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 from stream_dedup import Settings
@@ -90,3 +91,13 @@ def test_lsm_index_gives_the_golden_decisions(paths: list[Path], name: str,
                                                tmp_path: Path) -> None:
     settings = Settings(**SETTINGS[name], index="lsm", index_path=str(tmp_path / "idx"))
     assert digest(decide_all(paths, settings, 64)) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("batch", [1, 64])
+def test_redis_index_gives_the_golden_decisions(paths: list[Path], name: str, batch: int,
+                                                redis_url: str) -> None:
+    """One instance on a 3-master Redis Cluster decides exactly as the memory index."""
+    flush_redis(redis_url)
+    settings = Settings(**SETTINGS[name], index="redis", redis_url=redis_url)
+    assert digest(decide_all(paths, settings, batch)) == GOLDEN[name]

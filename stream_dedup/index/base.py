@@ -70,7 +70,12 @@ class Answer:
     canonical: int | None  # ... with this canonical fingerprint
     postings: list[list[int]]  # per feature: handles of its most recent `cap` pages
     docs: Docs  # records by handle: at least the exact hits and the best candidates
-    prior: Any = None  # a shared store's Decision for a page it has already decided
+    # A shared store's Decision (url and source None) for a page it has already decided,
+    # or WAIT: an older page it collides with is being decided elsewhere; ask again.
+    prior: Any = None
+
+
+WAIT = "wait"
 
 
 @dataclass(slots=True)

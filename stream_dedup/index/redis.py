@@ -42,7 +42,9 @@ from typing import Any
 import numpy as np
 import redis
 from redis.cluster import RedisCluster
+from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
+from redis.retry import Retry
 
 from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
 from ..models import Decision, DuplicateOf, position_id
@@ -164,8 +166,10 @@ def connect(url: str) -> redis.Redis | RedisCluster:
     if not enabled:
         return plain
     plain.close()
+    # Few, quick retries here (a moved slot, a reconnect); a longer outage is the runner's
+    # to wait out, batch by batch (IndexUnavailable).
     return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5,
-                                 cluster_error_retry_attempts=1)
+                                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
 
 
 Observe = Callable[[str, float, bool], None]  # operation, seconds, failed

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 
 from stream_dedup.index import CANONICAL, RAW, FeatureIndex, StoredDoc
-from stream_dedup.index.base import Claim, Probe, rank_candidates
+from stream_dedup.index.base import Answer, Claim, Probe, rank_candidates
 from stream_dedup.models import Decision
 
 
@@ -31,7 +31,16 @@ def candidates(index: FeatureIndex, features: list[int] | np.ndarray,
     q = np.asarray(features, dtype=np.uint64)
     answer = index.lookup([Probe(-1, 0, None, q)], register=False)[0]
     ranked = rank_candidates([h for posting in answer.postings for h in posting], min_shared)
-    return [(answer.docs[h].page_id, n) for h, n in ranked]
+    return [(_page_id(answer, h), n) for h, n in ranked]
+
+
+def _page_id(answer: Answer, handle: int) -> int:
+    """A handle's page id: from its record, or (a shared index answers with the records of
+    the best candidates only) the handle itself, which is the page id there."""
+    try:
+        return answer.docs[handle].page_id
+    except KeyError:
+        return handle
 
 
 def first_with(index: FeatureIndex, layer: int, fingerprint: int) -> int | None:

@@ -188,7 +188,9 @@ class RedisIndex:
         self.retention_s = int(retention_days * 86400)
         self.observe: Observe = observe or (lambda op, s, failed: None)
         self.client = client if client is not None else connect(url)
-        self.round_trips = 0  # pipelined round trips so far (for benchmarks)
+        # So far: pipelined round trips, pages told to wait for an older page decided
+        # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
+        self.round_trips = self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
         self._local = iter(())  # type: Iterator[int]
         self._check_stamp()
@@ -235,6 +237,7 @@ class RedisIndex:
             for handle in self._wanted(answer):
                 need[handle] = None
             out.append(answer)
+        self.waits += len(waiting)
         self._wait(waiting, {p.page_id for p in probes} - waiting)
         docs = self._docs(list(need))
         for answer in out:
@@ -250,6 +253,8 @@ class RedisIndex:
         later = [i for i, c in enumerate(claims) if c.decision is not None
                  and c.depends_on is not None and won[c.depends_on]]
         self._finish(claims, later, won)
+        self.lost += sum(1 for c, ok in zip(claims, won, strict=True)
+                         if not ok and c.decision is not None)
         kept = sum(1 for c, ok in zip(claims, won, strict=True) if ok and c.doc is not None)
         if kept:
             with self._call("count"):

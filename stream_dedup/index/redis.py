@@ -41,8 +41,8 @@ from typing import Any
 
 import numpy as np
 import redis
-from redis.cluster import RedisCluster
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 from redis.retry import Retry
 

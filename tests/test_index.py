@@ -21,7 +21,7 @@ def _doc(
     return StoredDoc(
         url=url,
         features=np.array(features, dtype=np.uint64),
-        sketch=np.zeros(84, np.uint32),
+        sketch=np.arange(84, dtype=np.uint32),
         ld_signature=b"sig",
         text_length=text,
         raw_fp=raw,
@@ -57,8 +57,10 @@ def test_claimed_pages_and_their_records_round_trip(make_index) -> None:  # type
     assert candidates(index, [3, 103, 5], 2) == [(ids[3], 2)]
     answer = index.lookup([Probe(-1, 3, None, None)], register=False)[0]
     assert answer.raw is not None
-    doc = answer.docs[answer.raw]
-    assert (doc.url, doc.features.tolist(), doc.page_id) == ("http://x/3", [3, 103], ids[3])
+    doc = answer.docs[answer.raw]  # what verification reads: url, sketch, signature, length
+    assert (doc.url, doc.page_id, doc.ld_signature, doc.text_length) == (
+        "http://x/3", ids[3], b"sig", 10)
+    assert doc.sketch.tolist() == list(range(84))
     assert index.stamp == 1234
 
 

@@ -57,7 +57,10 @@ LEASE_MS = 60_000  # a PENDING record no instance finished within this is treate
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 _STAMP, _PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 _READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skipped
-_DOC_HEAD = struct.Struct("<QQIHHII")  # raw fp, canonical fp, text length, k, k*s, sig, url
+# raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
+# are not kept: only the keys need them, and a dropped page's keys come from its probe)
+_DOC_HEAD = struct.Struct("<QQIHI")
+_NO_FEATURES = np.zeros(0, dtype=np.uint64)
 
 # KEYS[1] = the page's record. ARGV[1] = lease in ms. Absent, or PENDING (an attempt that
 # did not finish): PENDING again with a new lease; returns the state it found.
@@ -119,23 +122,21 @@ def probe_keys(p: Probe) -> list[bytes]:
 
 
 def encode_doc(doc: StoredDoc) -> bytes:
-    url = doc.url.encode("utf-8", "surrogatepass")
-    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.features.shape[0],
-                          doc.sketch.shape[0], len(doc.ld_signature), len(url))
-    return b"".join((head, doc.features.astype("<u8").tobytes(),
-                     doc.sketch.astype("<u4").tobytes(), doc.ld_signature, url))
+    """The verification record: what the decide step reads of a stored page."""
+    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.sketch.shape[0],
+                          len(doc.ld_signature))
+    return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
+                     doc.url.encode("utf-8", "surrogatepass")))
 
 
 def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
-    raw_fp, canonical_fp, text_length, k, n, n_sig, n_url = _DOC_HEAD.unpack_from(raw)
+    raw_fp, canonical_fp, text_length, n, n_sig = _DOC_HEAD.unpack_from(raw)
     pos = _DOC_HEAD.size
-    features = np.frombuffer(raw, "<u8", k, pos).astype(np.uint64)
-    pos += 8 * k
     sketch = np.frombuffer(raw, "<u4", n, pos).astype(np.uint32)
     pos += 4 * n
     sig = bytes(raw[pos : pos + n_sig])
-    url = raw[pos + n_sig : pos + n_sig + n_url].decode("utf-8", "surrogatepass")
-    return StoredDoc(url, features, sketch, sig, text_length, raw_fp, canonical_fp, None,
+    url = raw[pos + n_sig :].decode("utf-8", "surrogatepass")
+    return StoredDoc(url, _NO_FEATURES, sketch, sig, text_length, raw_fp, canonical_fp, None,
                      page_id)
 
 
@@ -433,17 +434,18 @@ class RedisIndex:
             return int(self.client.get(_PAGES) or 0)
 
     def stats(self) -> dict[str, float]:
+        """Pages kept, keys, and Redis memory summed over every primary."""
         with self._call("stats"):
-            info = self.client.info("memory")
-            keys = self.client.dbsize()
-        if isinstance(info, dict) and "used_memory" not in info:  # a cluster: per node
-            used = sum(int(v["used_memory"]) for v in info.values())
-        else:
-            used = int(info["used_memory"])
+            if isinstance(self.client, RedisCluster):
+                primaries = RedisCluster.PRIMARIES
+                infos = list(self.client.info("memory", target_nodes=primaries).values())
+                keys = self.client.dbsize(target_nodes=primaries)  # summed by redis-py
+            else:
+                infos, keys = [self.client.info("memory")], self.client.dbsize()
+        used = sum(int(info["used_memory"]) for info in infos)
         pages = len(self)
-        return {"pages": pages, "keys": float(keys if isinstance(keys, int) else sum(
-            keys.values())), "redis_used_memory": used,
-            "redis_bytes_per_page": used / pages if pages else 0.0}
+        return {"pages": pages, "keys": keys, "redis_used_memory": used,
+                "redis_bytes_per_page": used / pages if pages else 0.0}
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         pass  # every claim is already stored; the consumer group holds the offsets

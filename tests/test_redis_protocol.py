@@ -8,6 +8,7 @@ then runs thousands of groups at once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,7 @@ from indexkit import flush_redis
 
 from stream_dedup import Settings
 from stream_dedup.decide import Analysis, Verdict, decide_batch
+from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.models import Page, position_id
@@ -113,10 +115,40 @@ def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
     monkeypatch.setattr(module, "LEASE_MS", 300)
     ask(a, OLD_PAGE, OLD)  # registered, then its instance is gone
     assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
-    import time
     time.sleep(0.4)
     young = finish(b, YOUNG_PAGE, YOUNG)
     assert young.decision.decision == "keep"
     # The old page delivered again (to any instance) is decided against the kept one.
     old = finish(a, OLD_PAGE, OLD)
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
+
+
+def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
+    """--retention-days: a page's keys and record go `retention` after its crawl time (the
+    time in its id); an old member leaves a set when a new page joins it."""
+    from indexkit import first_with, keep
+    from test_index import _doc
+
+    flush_redis(redis_url)
+    index = RedisIndex(redis_url, 1, retention_days=1)
+    now_ms = int(time.time() * 1000)
+    fresh, old = position_id(now_ms, 0, 1), position_id(now_ms - 3 * 86_400_000, 0, 2)
+    keep(index, _doc([7, 8], raw=1, canon=1), fresh)
+    keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
+    client = index.client
+    assert 86_400 - 60 < client.ttl(b"R" + (1).to_bytes(8, "big")) <= 86_400
+    assert 3_600 - 60 < client.ttl(b"R" + (2).to_bytes(8, "big")) <= 3_600
+    assert 86_400 - 60 < client.ttl(b"P" + fresh.to_bytes(13, "big")) <= 86_400
+    # The feature both share lives as long as its newest page.
+    assert 86_400 - 60 < client.ttl(b"F" + (7).to_bytes(8, "big")) <= 86_400
+    keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
+    members = client.zrange(b"F" + (7).to_bytes(8, "big"), 0, -1)
+    assert old.to_bytes(13, "big") not in members and fresh.to_bytes(13, "big") in members
+    index.close()
+
+    short = RedisIndex(redis_url, 1, retention_days=2 / 86_400)  # a 2-second window
+    keep(short, _doc([11], raw=11, canon=11), position_id(int(time.time() * 1000), 0, 4))
+    assert first_with(short, RAW, 11) is not None
+    time.sleep(3.0)
+    assert first_with(short, RAW, 11) is None  # forgotten: a copy now would be kept
+    short.close()

@@ -24,8 +24,8 @@ Keys (ids: 13 bytes, big-endian `models.position_id`, so a set's members sort by
                 j = the decision (JSON, for re-deliveries), d = the verification record
     stream-dedup:stamp, stream-dedup:pages                 sketch stamp, pages kept
 
-Every key expires `retention_days` after the crawl time of the newest page in it, and
-members older than that are trimmed from a set when a page joins it.
+Every key expires `retention_days` after the crawl time of the newest page in it (see
+`expire_at`), and members older than that are trimmed from a set when a page joins it.
 """
 
 from __future__ import annotations
@@ -62,14 +62,16 @@ _READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skip
 _DOC_HEAD = struct.Struct("<QQIHI")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 
-# KEYS[1] = the page's record. ARGV[1] = lease in ms. Absent, or PENDING (an attempt that
-# did not finish): PENDING again with a new lease; returns the state it found.
+# KEYS[1] = the page's record. ARGV = lease in ms, expiry (epoch s, 0: none). Absent, or
+# PENDING (an attempt that did not finish): PENDING again with a new lease; returns the
+# state it found, and the decision if it is final.
 _REGISTER = """
 local s = redis.call('HGET', KEYS[1], 's')
 if s and string.sub(s, 1, 1) ~= 'P' then return {s, redis.call('HGET', KEYS[1], 'j')} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 's', 'P' .. tostring(now + tonumber(ARGV[1])))
+if tonumber(ARGV[2]) > 0 then redis.call('EXPIREAT', KEYS[1], ARGV[2]) end
 return {s or '', false}
 """
 
@@ -87,7 +89,7 @@ if ARGV[1] == '1' then redis.call('HSET', KEYS[1], 'f', '1') end
 return 'P'
 """
 
-# KEYS[1] = the page's record; ARGV = state (K or D), decision JSON, record (keeps), ttl s.
+# KEYS[1] = the page's record; ARGV = state (K or D), decision JSON, record (keeps).
 # Only from PENDING within the lease and unflagged (a flag is cleared: read again).
 _FINISH = """
 local s = redis.call('HGET', KEYS[1], 's')
@@ -98,7 +100,6 @@ if tonumber(string.sub(s, 2)) < now then return 'late' end
 if redis.call('HDEL', KEYS[1], 'f') == 1 then return 'flagged' end
 redis.call('HSET', KEYS[1], 's', ARGV[1], 'j', ARGV[2])
 if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'd', ARGV[3]) end
-if tonumber(ARGV[4]) > 0 then redis.call('EXPIRE', KEYS[1], ARGV[4]) end
 return 'ok'
 """
 
@@ -275,26 +276,38 @@ class RedisIndex:
         return range(start, start + n)
 
     # --- the rounds -------------------------------------------------------------------
+    def expire_at(self, page_id: int) -> int:
+        """When a page's keys may go (epoch s): `retention_days` after its crawl time, the
+        time in its id (a Kafka record's timestamp; a replay's start), and not within the
+        hour (or the window, if shorter): an old page is still held while it and its races
+        are being decided. 0: no retention."""
+        if not self.retention_s:
+            return 0
+        now = int(time.time())
+        return max((page_id >> 56) // 1000 + self.retention_s, now + min(3600, self.retention_s))
+
     def _register(self, probes: Sequence[Probe], keys: list[list[bytes]]) -> list[Any]:
-        ttl = self.retention_s
-        cutoff = b"(" + id_bytes(position_id(int(time.time() * 1000) - ttl * 1000, 0, 0))
+        retention = self.retention_s
+        cutoff = b"(" + id_bytes(position_id(int(time.time() * 1000) - retention * 1000, 0, 0))
         with self._call("register"):
             pipe = self.client.pipeline(transaction=False)
             for p, page_keys in zip(probes, keys, strict=True):
-                pipe.execute_command("EVAL", _REGISTER, 1, _record_key(p.page_id), LEASE_MS)
+                at = self.expire_at(p.page_id)
+                pipe.execute_command("EVAL", _REGISTER, 1, _record_key(p.page_id), LEASE_MS, at)
                 member = id_bytes(p.page_id)
                 for key in page_keys:
-                    pipe.zadd(key, {member: 0})
-                    if ttl:
+                    if retention:  # the members older than the window go first
                         pipe.zremrangebylex(key, b"-", cutoff)
-                        pipe.expire(key, ttl)
+                    pipe.zadd(key, {member: 0})
+                    if retention:  # the key lives as long as its newest page
+                        pipe.expireat(key, at, nx=True)
+                        pipe.expireat(key, at, gt=True)
             replies = self._execute(pipe)
         out: list[Any] = []
-        step = 1 + (3 if ttl else 1)
         at = 0
         for page_keys in keys:
             state, record = replies[at]
-            at += 1 + len(page_keys) * (step - 1)
+            at += 1 + len(page_keys) * (4 if retention else 1)
             out.append(None if not record else decode_decision(record))
         return out
 
@@ -368,7 +381,7 @@ class RedisIndex:
                 state = b"K" if c.doc is not None else b"D"
                 doc = encode_doc(c.doc) if c.doc is not None else b""
                 pipe.execute_command("EVAL", _FINISH, 1, _record_key(c.probe.page_id), state,
-                                     encode_decision(c.decision), doc, self.retention_s)
+                                     encode_decision(c.decision), doc)
             replies = self._execute(pipe)
             drops = []
             for i, reply in zip(which, replies, strict=True):

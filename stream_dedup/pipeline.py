@@ -211,9 +211,10 @@ class Deduplicator:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         s = self.settings
-        self.index: FeatureIndex = index if index is not None else index_for(s)
-        self.counters = Counters()
         self.observer: Observer = observer or NullObserver()
+        self.index: FeatureIndex = index if index is not None else index_for(
+            s, getattr(self.observer, "redis_call", None))
+        self.counters = Counters()
         # Serializes everything that reads or changes the index, counters and _recent.
         self.lock = threading.RLock()
         # Decisions by input position: a page delivered again (Kafka re-delivers what was

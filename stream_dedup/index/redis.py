@@ -458,7 +458,7 @@ class RedisIndex:
         used = sum(int(info["used_memory"]) for info in infos)
         pages = len(self)
         return {"pages": pages, "keys": keys, "redis_used_memory": used,
-                "redis_bytes_per_page": used / pages if pages else 0.0}
+                "index_bytes_per_page": used / pages if pages else 0.0}
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         pass  # every claim is already stored; the consumer group holds the offsets

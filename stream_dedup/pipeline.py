@@ -278,11 +278,8 @@ class Deduplicator:
             ids = [p.position if p.position is not None else next(local) for _, p in pages]
             fps = [raw_fingerprint(p.body) for _, p in pages]
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
-            stored = self.index.lookup(
-                [Probe(pid, fp, None, None) for pid, fp in zip(ids, fps, strict=True)],
-                register=False)
-        analyses = self._analyse([p for _, p in pages], fps, [a.raw is not None for a in stored],
-                                 pool)
+            stored = self.index.stored(fps)
+        analyses = self._analyse([p for _, p in pages], fps, stored, pool)
         with self.lock:
             self._decide(pages, ids, analyses, out, times, fresh)
             for item, d, t, new in zip(items, out, times, fresh, strict=True):

@@ -34,6 +34,7 @@ import json
 import logging
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -55,6 +56,7 @@ log = logging.getLogger("stream_dedup.index")
 ID_BYTES = 13  # 98-bit ids (models.position_id)
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
+CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 _STAMP, _PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 _READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skipped
 # raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
@@ -194,6 +196,10 @@ class RedisIndex:
         # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
         self.round_trips = self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
+        # A final state never changes, nor a kept page's record: both are cached (bounded;
+        # a page gone by retention drops out when its record is found missing).
+        self._final: OrderedDict[int, str] = OrderedDict()
+        self._records: OrderedDict[int, StoredDoc] = OrderedDict()
         self._local = iter(())  # type: Iterator[int]
         self._check_stamp()
 
@@ -242,10 +248,26 @@ class RedisIndex:
         self.waits += len(waiting)
         self._wait(waiting, {p.page_id for p in probes} - waiting)
         docs = self._docs(list(need))
+        while len(docs) < len(need):  # some page expired meanwhile: it is not there
+            need = {h: None for answer in out if answer.prior is None
+                    for h in self._without(answer, docs, need)}
+            docs.update(self._docs([h for h in need if h not in docs]))
         for answer in out:
             if answer.prior is None:
                 answer.docs = docs
         return out
+
+    def _without(self, answer: Answer, docs: Mapping[int, StoredDoc],
+                 asked: Mapping[int, None]) -> list[int]:
+        """Take the pages whose records were asked for and missing out of `answer`; the
+        records it needs now."""
+        gone = {h for h in asked if h not in docs}
+        if answer.raw in gone:
+            answer.raw = None
+        if answer.canonical in gone:
+            answer.canonical = None
+        answer.postings = [[h for h in ids if h not in gone] for ids in answer.postings]
+        return self._wanted(answer)
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
         won = [False] * len(claims)
@@ -262,6 +284,14 @@ class RedisIndex:
             with self._call("count"):
                 self.client.incrby(_PAGES, kept)
         return won
+
+    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
+        """Whether a page with each raw fingerprint may be held (a hint: one round trip)."""
+        with self._call("read"):
+            pipe = self.client.pipeline(transaction=False)
+            for fp in raw_fps:
+                pipe.exists(b"R" + fp.to_bytes(8, "big"))
+            return [bool(n) for n in self._execute(pipe)]
 
     def local_ids(self, n: int) -> range:
         """Ids for pages without an input position: the clock at the first call, a random
@@ -333,16 +363,21 @@ class RedisIndex:
         return out
 
     def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
-        if not seen:
-            return {}
+        states = {q: self._final[q] for q in seen if q in self._final}
+        ask = [q for q in seen if q not in states]
+        if not ask:
+            return states
         with self._call("peek"):
             pipe = self.client.pipeline(transaction=False)
-            for q, smallest in seen.items():
-                younger = flag and q > smallest
+            for q in ask:
+                younger = flag and q > seen[q]
                 pipe.execute_command("EVAL", _PEEK, 1, _record_key(q), "1" if younger else "0")
             replies = self._execute(pipe)
-        return {q: r.decode() if isinstance(r, bytes) else str(r)
-                for q, r in zip(seen, replies, strict=True)}
+        for q, r in zip(ask, replies, strict=True):
+            state = states[q] = r.decode() if isinstance(r, bytes) else str(r)
+            if state in ("K", "D"):
+                _remember(self._final, q, state, CACHED_STATES)
+        return states
 
     def _wait(self, waiting: set[int], done: set[int]) -> None:
         """Pages waiting for an older page decided elsewhere: back off a little (they are
@@ -361,15 +396,22 @@ class RedisIndex:
         time.sleep(min(0.5, 0.005 * 2 ** min(7, len(self._waiting))))
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
-        if not handles:
-            return {}
+        docs = {h: self._records[h] for h in handles if h in self._records}
+        ask = [h for h in handles if h not in docs]
+        if not ask:
+            return docs
         with self._call("docs"):
             pipe = self.client.pipeline(transaction=False)
-            for h in handles:
+            for h in ask:
                 pipe.hget(_record_key(h), b"d")
             replies = self._execute(pipe)
-        return {h: decode_doc(raw, h) for h, raw in zip(handles, replies, strict=True)
-                if raw is not None}
+        for h, raw in zip(ask, replies, strict=True):
+            if raw is None:  # gone (retention) since its state was read
+                self._final.pop(h, None)
+            else:
+                docs[h] = decode_doc(raw, h)
+                _remember(self._records, h, docs[h], CACHED_RECORDS)
+        return docs
 
     def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool]) -> None:
         if not which:
@@ -387,6 +429,10 @@ class RedisIndex:
             for i, reply in zip(which, replies, strict=True):
                 ok = reply in (b"ok", "ok")
                 won[i] = ok
+                if ok:
+                    c = claims[i]
+                    _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
+                              CACHED_STATES)
                 if ok and claims[i].doc is None:
                     drops.append(claims[i].probe)
             if drops:  # a dropped page leaves its keys (until then it reads as DROP)
@@ -477,3 +523,9 @@ class RedisIndex:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
+    cache[key] = value
+    if len(cache) > limit:
+        cache.popitem(last=False)

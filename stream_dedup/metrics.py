@@ -132,10 +132,9 @@ class Metrics:
         self.redis_errors = Counter("stream_dedup_redis_errors", "Failed round trips to the "
                                     "shared Redis index, by operation (the batch is decided "
                                     "again)", ["operation"], registry=r)
-        if settings.index == "redis":
-            for op in REDIS_OPERATIONS:
-                self.redis_seconds.labels(op)
-                self.redis_errors.labels(op)
+        for op in REDIS_OPERATIONS:  # zero without a Redis index: dashboards stay whole
+            self.redis_seconds.labels(op)
+            self.redis_errors.labels(op)
         self.commit_seconds = Histogram("stream_dedup_kafka_commit_seconds", "Seconds to commit "
                                         "a batch's offsets (retries included)",
                                         buckets=COMMIT_BUCKETS, registry=r)

@@ -25,7 +25,7 @@ from pathlib import Path
 MEMBERS = 4
 T0 = 1_790_000_000_000  # ms: the groups' "crawl times" start here, a millisecond apart
 BATCH = 25
-JITTER_S = 0.004
+JITTER_S = 0.015
 _WORDS = [f"w{i}x{(i * 7919) % 1013}" for i in range(6000)]
 
 
@@ -162,7 +162,7 @@ def _duplicates(a: object, b: object, settings: object) -> bool:
 
 
 def race(url: str, groups: int, tmp: Path, *, kill: int | None = None,
-         index: str = "redis", pace: float = 0.06) -> Outcome:
+         index: str = "redis", pace: float = 0.1) -> Outcome:
     """Every instance at once, batch for batch; with `kill`, that instance is SIGKILLed
     mid-run and started again over its whole input (its pages are delivered again)."""
     files = [tmp / f"instance{m}.jsonl" for m in range(MEMBERS)]

@@ -10,21 +10,34 @@ import shlex
 import shutil
 import subprocess
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from opskit import DEPLOY, REPO
 
 from stream_dedup.cli import build_parser
+from stream_dedup.config import Settings
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 PROMETHEUS = DEPLOY / "prometheus"
 REDIS_NODES = ("redis-1", "redis-2", "redis-3")
+REPLICAS = ("stream-dedup-1", "stream-dedup-2")  # two `serve` in one group, on one Redis
 GRAFANA = DEPLOY / "grafana"
 
 
 def _compose() -> dict[str, Any]:
     return dict(yaml.safe_load((REPO / "docker-compose.yml").read_text()))
+
+
+def _serve_settings(service: dict[str, Any]) -> Settings:
+    """What `stream-dedup serve` in this compose service runs with: its command's flags over
+    its environment, resolved as the CLI does."""
+    args = build_parser().parse_args(service["command"])
+    assert args.command == "serve"
+    env = {k: str(v) for k, v in service.get("environment", {}).items()}
+    overrides = {name: getattr(args, name, None) for name in Settings.names()}
+    return Settings.load(config_file=args.config, env=env, overrides=overrides)
 
 
 def _promtool(*args: str) -> str:
@@ -52,15 +65,18 @@ def test_each_alert_fires_on_its_series() -> None:
     assert "SUCCESS" in _promtool("test", "rules", str(PROMETHEUS / "alerts_test.yml"))
 
 
-def test_prometheus_scrapes_the_compose_service() -> None:
+def test_prometheus_scrapes_every_replica() -> None:
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     (job,) = config["scrape_configs"]
-    (target,) = job["static_configs"][0]["targets"]
-    host, port = target.split(":")
-    service = _compose()["services"][host]
-    command = service["command"]
-    assert command[command.index("--http-port") + 1] == port
-    assert command[command.index("--http-host") + 1] == "0.0.0.0"
+    (static,) = job["static_configs"]
+    targets = static["targets"]
+    assert sorted(t.split(":")[0] for t in targets) == sorted(REPLICAS)
+    assert "labels" not in static  # the target (label `instance`) tells the replicas apart
+    services = _compose()["services"]
+    for target in targets:
+        host, port = target.split(":")
+        settings = _serve_settings(services[host])
+        assert settings.http_port == int(port) and settings.http_host == "0.0.0.0"
     assert job["job_name"] == "stream-dedup"  # the alerts' up{job="stream-dedup"}
 
 
@@ -101,7 +117,7 @@ def test_compose_file_matches_the_compose_schema() -> None:
 
 def test_compose_stack_is_complete_and_real() -> None:
     services = _compose()["services"]
-    assert set(services) == {"kafka", "stream-dedup", "sample-crawl", "prometheus", "grafana",
+    assert set(services) == {"kafka", *REPLICAS, "sample-crawl", "prometheus", "grafana",
                              *REDIS_NODES, "redis-cluster-init"}
     images = {name: s.get("image", "") for name, s in services.items()}
     assert re.fullmatch(r"apache/kafka:\d+\.\d+\.\d+", images["kafka"])
@@ -110,10 +126,14 @@ def test_compose_stack_is_complete_and_real() -> None:
     env = services["kafka"]["environment"]
     assert "controller" in env["KAFKA_PROCESS_ROLES"] and "broker" in env["KAFKA_PROCESS_ROLES"]
     assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == f"{env['KAFKA_NODE_ID']}@kafka:9093"
-    assert services["stream-dedup"]["build"] == "."
-    assert images["sample-crawl"] == images["stream-dedup"]  # the image built here
-    for name in ("stream-dedup", "sample-crawl"):
+    # one replica builds the image; the other and sample-crawl run that image
+    assert [name for name, s in services.items() if "build" in s] == [REPLICAS[0]]
+    assert services[REPLICAS[0]]["build"] == "."
+    assert {images[name] for name in (*REPLICAS, "sample-crawl")} == {images[REPLICAS[0]]}
+    for name in (*REPLICAS, "sample-crawl"):
         assert services[name]["environment"]["STREAM_DEDUP_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert set(services["sample-crawl"]["depends_on"]) == {"kafka", *REPLICAS}
+    assert set(services["prometheus"]["depends_on"]) == set(REPLICAS)
     for service in services.values():  # every bind mount exists in the repository
         for volume in service.get("volumes", []):
             source = volume.split(":")[0]
@@ -124,7 +144,7 @@ def test_compose_stack_is_complete_and_real() -> None:
 def test_compose_commands_are_real_stream_dedup_commands() -> None:
     services = _compose()["services"]
     parser = build_parser()
-    serve = parser.parse_args(services["stream-dedup"]["command"])
+    serve = parser.parse_args(services[REPLICAS[0]]["command"])
     assert serve.command == "serve" and serve.http_port == 8080 and serve.workers == 2
     script = services["sample-crawl"]["command"][0].replace("$$", "$").replace("$seed", "1")
     calls = []
@@ -139,6 +159,35 @@ def test_compose_commands_are_real_stream_dedup_commands() -> None:
                                f"{calls[0].directory}/sample.jsonl"]
 
 
+def test_compose_replicas_decide_as_one() -> None:
+    """Two `serve` in one consumer group, on one shared index in the compose Redis Cluster,
+    each started after the cluster is joined and published on its own host port."""
+    services = _compose()["services"]
+    settings = {name: _serve_settings(services[name]) for name in REPLICAS}
+    assert len({s.group_id for s in settings.values()}) == 1
+    assert {s.input_topic for s in settings.values()} == {"pages"}
+    # the input topic has a partition for each replica, or one of them would idle
+    partitions = int(services["kafka"]["environment"]["KAFKA_NUM_PARTITIONS"])
+    assert partitions >= len(REPLICAS)
+    host_ports = []
+    for name, s in settings.items():
+        assert s.index == "redis"
+        url = urlsplit(s.redis_url)
+        assert url.scheme == "redis" and url.hostname in REDIS_NODES, s.redis_url
+        node = services[url.hostname]["command"]
+        node_port = int(node[node.index("--port") + 1]) if "--port" in node else 6379
+        assert url.port == node_port
+        depends = services[name]["depends_on"]
+        assert depends["redis-cluster-init"]["condition"] == "service_completed_successfully"
+        assert depends["kafka"]["condition"] == "service_healthy"
+        (published,) = services[name]["ports"]
+        address, host_port, container_port = published.split(":")
+        assert address == "127.0.0.1" and int(container_port) == s.http_port
+        host_ports.append(int(host_port))
+    assert sorted(host_ports) == [8080, 8081]
+    assert len({s.redis_url for s in settings.values()}) == 1
+
+
 def test_compose_redis_cluster_is_three_masters_joined_once() -> None:
     services = _compose()["services"]
     for name in REDIS_NODES:
@@ -151,6 +200,8 @@ def test_compose_redis_cluster_is_three_masters_joined_once() -> None:
         assert options["--cluster-preferred-endpoint-type"] == "hostname"
         assert (options["--appendonly"], options["--save"]) == ("no", "")
         assert options["--maxmemory-policy"] == "noeviction"
+        # a page's record (~700 bytes) stays one compact listpack hash
+        assert int(options["--hash-max-listpack-value"]) >= 1024
         assert "ports" not in node  # the addresses it announces mean nothing on the host
     init = services["redis-cluster-init"]
     assert init["image"] == services["redis-1"]["image"] and init["restart"] == "no"

@@ -14,10 +14,11 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from opskit import DEPLOY, REPO
+from opskit import DEPLOY, REPO, queried_metrics
 
 from stream_dedup.cli import build_parser
 from stream_dedup.config import Settings
+from stream_dedup.metrics import Metrics
 
 SCHEMA = REPO.parent / "shared" / "schemas" / "compose-spec.json"
 PROMETHEUS = DEPLOY / "prometheus"
@@ -38,6 +39,14 @@ def _serve_settings(service: dict[str, Any]) -> Settings:
     env = {k: str(v) for k, v in service.get("environment", {}).items()}
     overrides = {name: getattr(args, name, None) for name in Settings.names()}
     return Settings.load(config_file=args.config, env=env, overrides=overrides)
+
+
+def _dashboard() -> dict[str, Any]:
+    return dict(json.loads((GRAFANA / "dashboards" / "stream-dedup.json").read_text()))
+
+
+def _flat(expr: str) -> str:
+    return " ".join(expr.split())
 
 
 def _promtool(*args: str) -> str:
@@ -85,13 +94,16 @@ def test_grafana_dashboard_and_datasource_fit_together() -> None:
     ds = yaml.safe_load((GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text())
     (source,) = ds["datasources"]
     assert source["type"] == "prometheus" and source["url"] == "http://prometheus:9090"
-    dash = json.loads((GRAFANA / "dashboards" / "stream-dedup.json").read_text())
+    dash = _dashboard()
     titles = " | ".join(p["title"] for p in dash["panels"]).lower()
     for needed in ("throughput", "dedup rate by reason", "precision", "lag", "latency"):
         assert needed in titles
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids))
     for panel in dash["panels"]:
+        if panel["type"] == "row":  # a heading: no query of its own
+            assert panel["gridPos"]["w"] == 24 and not panel.get("targets")
+            continue
         assert panel["datasource"]["uid"] == source["uid"]
         assert panel["targets"] and all(t["expr"] for t in panel["targets"])
     provider = yaml.safe_load(
@@ -99,6 +111,43 @@ def test_grafana_dashboard_and_datasource_fit_together() -> None:
     path = provider["providers"][0]["options"]["path"]
     mounts = _compose()["services"]["grafana"]["volumes"]
     assert f"./deploy/grafana/dashboards:{path}:ro" in mounts
+
+
+def test_grafana_shared_index_row() -> None:
+    """Under the row "Shared index (Redis)": Redis round trips p50/p99 and errors by
+    operation, and pages decided per instance (the replicas side by side)."""
+    panels = _dashboard()["panels"]
+    (row,) = [p for p in panels if p["type"] == "row" and p["title"] == "Shared index (Redis)"]
+    below = [p for p in panels if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    assert len(below) == 3
+    exprs = [_flat(t["expr"]) for p in below for t in p["targets"]]
+    by_op = "sum by (le, operation) (rate(stream_dedup_redis_seconds_bucket[$__rate_interval]))"
+    for q in ("0.5", "0.99"):
+        assert f"histogram_quantile({q}, {by_op})" in exprs
+    assert ("sum by (operation) (rate(stream_dedup_redis_errors_total[$__rate_interval]))"
+            in exprs)
+    assert "sum by (instance) (rate(stream_dedup_pages_total[$__rate_interval]))" in exprs
+    # nothing overlaps the panels above the row
+    above = [p for p in panels if p not in below and p is not row]
+    bottom = max(p["gridPos"]["y"] + p["gridPos"]["h"] for p in above)
+    assert row["gridPos"]["y"] >= bottom
+
+
+def test_dashboard_and_alerts_query_only_metrics_the_code_defines() -> None:
+    """Every metric name a panel or an alert selects is one `Metrics` registers (a typo, or a
+    metric renamed in the code, fails here without a running service)."""
+    registry = Metrics(Settings(index="redis", redis_url="redis://redis-1:6379")).registry
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
+                "gauge": ("",), "info": ("_info",), "summary": ("", "_count", "_sum")}
+    defined = {family.name + end for family in registry.collect()
+               for end in suffixes[family.type]}
+    rules = yaml.safe_load((PROMETHEUS / "alerts.yml").read_text())
+    exprs = [t["expr"] for p in _dashboard()["panels"] for t in p.get("targets", [])]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    wanted = {m for expr in exprs for m in queried_metrics(expr)}
+    assert {"stream_dedup_redis_seconds_bucket", "stream_dedup_redis_errors_total"} <= wanted
+    assert wanted - defined == set()
+    assert queried_metrics("rate(stream_dedup_redis_secs_bucket[1m])") - defined  # can fail
 
 
 # --- Compose and Dockerfile --------------------------------------------------------------------

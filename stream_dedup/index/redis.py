@@ -263,8 +263,11 @@ def connect(url: str) -> redis.Redis | RedisCluster:
     plain.close()
     # Few, quick retries here (a moved slot, a reconnect); a longer outage is the runner's
     # to wait out, batch by batch (IndexUnavailable).
-    return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5,
-                                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+    try:
+        return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5,
+                                     retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+    except (RedisError, RedisClusterException) as exc:
+        raise ConfigError(f"cannot reach the Redis Cluster at {url}: {exc}") from None
 
 
 Observe = Callable[[str, float, bool], None]  # operation, seconds, failed

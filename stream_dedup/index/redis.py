@@ -252,22 +252,28 @@ def decode_decision(raw: bytes) -> Decision:
 
 
 def connect(url: str) -> redis.Redis | RedisCluster:
-    """A cluster client when the node at `url` is in cluster mode, else a plain one."""
-    try:
-        plain = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        enabled = plain.info("cluster").get("cluster_enabled", 0)
-    except (RedisError, ValueError) as exc:
-        raise ConfigError(f"cannot reach Redis at {url}: {exc}") from None
-    if not enabled:
-        return plain
-    plain.close()
-    # Few, quick retries here (a moved slot, a reconnect); a longer outage is the runner's
-    # to wait out, batch by batch (IndexUnavailable).
-    try:
-        return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5,
-                                     retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
-    except (RedisError, RedisClusterException) as exc:
-        raise ConfigError(f"cannot reach the Redis Cluster at {url}: {exc}") from None
+    """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
+    may list several seeds, comma-separated (redis://a:7000,redis://b:7000): the first that
+    answers is used (a cluster's client learns the other nodes from it)."""
+    errors = []
+    for seed in (u.strip() for u in url.split(",") if u.strip()):
+        try:
+            plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5)
+            enabled = plain.info("cluster").get("cluster_enabled", 0)
+        except (RedisError, ValueError) as exc:
+            errors.append(f"{seed}: {exc}")
+            continue
+        if not enabled:
+            return plain
+        plain.close()
+        # Few, quick retries here (a moved slot, a reconnect); a longer outage is the
+        # runner's to wait out, batch by batch (IndexUnavailable).
+        try:
+            return RedisCluster.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
+                                         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+        except (RedisError, RedisClusterException) as exc:
+            errors.append(f"{seed}: {exc}")
+    raise ConfigError(f"cannot reach Redis at {url}: {'; '.join(errors) or 'no address'}")
 
 
 Observe = Callable[[str, float, bool], None]  # operation, seconds, failed

@@ -32,13 +32,16 @@ from .core.canonical import canonicalize, kernels
 from .core.sketch import Sketcher
 from .core.tokens import Tokens
 from .decide import Analysis, decide_batch
-from .errors import PageError
+from .errors import IndexUnavailable, PageError
 from .index import index_for
 from .index.base import WAIT, Claim, FeatureIndex, Plan, Probe
 from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
 from .workers import pool as worker_pool
 
 log = logging.getLogger("stream_dedup")
+# Rounds of lookup + claim for one batch before it is given up: a shared index loses a claim
+# only to a concurrent instance, so a few rounds are the rule.
+MAX_ROUNDS = 50
 
 
 class StageTimes(NamedTuple):
@@ -324,7 +327,9 @@ class Deduplicator:
                                   source=page.source)
                 times[i] = StageTimes(canonical_s=a.canonical_s)
         todo = [k for k, a in enumerate(analyses) if a.error is None]
-        while todo:
+        for _ in range(MAX_ROUNDS):
+            if not todo:
+                return
             started = perf_counter()
             answers = self.index.lookup([_probe(analyses[k], ids[k]) for k in todo])
             live = []
@@ -359,6 +364,9 @@ class Deduplicator:
                 a = analyses[k]
                 out[pages[k][0]] = v.decision
                 times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
+        if todo:
+            raise IndexUnavailable(f"{len(todo)} pages of the batch were still contended after "
+                                   f"{MAX_ROUNDS} rounds; the batch is decided again later")
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         """Make the pages kept so far durable, atomically with the input offsets they

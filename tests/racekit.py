@@ -163,7 +163,7 @@ def check(groups: int, decisions: dict[int, list[object]],
                     for m, (u, h) in enumerate(group_pages(g)) if m in kept}
         for x in kept:
             for y in kept:
-                if x < y and _duplicates(analyses[x], analyses[y], settings) and \
+                if x < y and duplicates(analyses[x], analyses[y], settings) and \
                         "verified-distinct" not in (decisions[ids[x]][2], decisions[ids[y]][2]):
                     out.double_keeps += 1
         for i in ids:
@@ -175,7 +175,7 @@ def check(groups: int, decisions: dict[int, list[object]],
     return out
 
 
-def _duplicates(a: object, b: object, settings: object) -> bool:
+def duplicates(a: object, b: object, settings: object) -> bool:
     if a.raw_fp == b.raw_fp or (a.text_length and a.canonical_fp == b.canonical_fp):
         return True
     shared = len(set(a.features.tolist()) & set(b.features.tolist()))

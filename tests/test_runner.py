@@ -1,5 +1,6 @@
-"""The runner's delivery contract with in-process Kafka edges (a scripted consumer and
-producer); the middle is the real one: Runner, Deduplicator, the LSM index on disk."""
+"""The runner's Kafka edges over in-process stand-ins for aiokafka's clients (a scripted
+consumer and producer); the rest is the real one: KafkaSource, KafkaSink, Runner,
+Deduplicator, the LSM index on disk."""
 
 from __future__ import annotations
 
@@ -20,12 +21,11 @@ from aiokafka.structs import ConsumerRecord
 from opskit import _WORDS, html
 
 from stream_dedup import Deduplicator, Settings
+from stream_dedup.edges import Crash, Faults
 from stream_dedup.errors import KafkaDeliveryError
+from stream_dedup.kafka_edges import KafkaSink, KafkaSource
+from stream_dedup.metrics import Metrics
 from stream_dedup.runner import Runner
-
-
-class Crash(Exception):
-    """The process dies here (nothing after this point happens)."""
 
 
 class FakeConsumer:
@@ -116,17 +116,16 @@ def near_pairs(n: int) -> dict[TopicPartition, list[ConsumerRecord]]:
 
 async def run(settings: Settings, records: dict[TopicPartition, list[ConsumerRecord]],
               order: list[TopicPartition], producer: FakeProducer | None = None,
-              crash_before_commit: bool = False) -> tuple[FakeProducer, FakeConsumer]:
+              faults: Faults | None = None) -> tuple[FakeProducer, FakeConsumer]:
     stop = asyncio.Event()
     consumer = FakeConsumer(records, order, stop)
     producer = producer or FakeProducer()
     dedup = Deduplicator(settings)
-    runner = Runner(settings, dedup, consumer, producer)  # type: ignore[arg-type]
-    if crash_before_commit:
-        def crash(offsets: object = None) -> None:
-            raise Crash
-        dedup.commit = crash  # type: ignore[method-assign]
-    await runner.listener.on_partitions_assigned(order)
+    metrics = Metrics(settings, process=False)
+    source = KafkaSource(settings, consumer, dedup.index, metrics)  # type: ignore[arg-type]
+    sink = KafkaSink(settings, producer, metrics)  # type: ignore[arg-type]
+    runner = Runner(settings, dedup, source, sink, metrics=metrics, faults=faults)
+    await source.listener.on_partitions_assigned(order)
     try:
         await runner.run(stop)
     except Crash:
@@ -145,7 +144,8 @@ def test_restart_decides_the_batch_in_flight_in_its_first_order(tmp_path: Path) 
     settings = Settings(index="lsm", index_path=str(tmp_path / "index"), batch_size=40,
                         kept_topic="kept")
     records = near_pairs(10)
-    first, _ = asyncio.run(run(settings, records, [P0, P1], crash_before_commit=True))
+    first, _ = asyncio.run(run(settings, records, [P0, P1],
+                               faults=Faults("before-index-commit")))
     again, consumer = asyncio.run(run(settings, records, [P1, P0]))
     before = {d["source"]: (d["decision"], d["reason"]) for d in first.decisions()}
     after = {d["source"]: (d["decision"], d["reason"]) for d in again.decisions()}

@@ -282,8 +282,8 @@ def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -
 def test_crash_between_acks_and_commit_redelivers_without_self_duplicates(
         kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap)
-    crashed = service(t, "--batch-size", "30", log="crash.log",
-                      env={"STREAM_DEDUP_FAULT_EXIT_BEFORE_COMMIT": "3"})
+    crashed = service(t, "--batch-size", "30", "--crash-at", "before-index-commit:3",
+                      log="crash.log")
     assert crashed.wait(timeout=90) == 70
     final = service(t, "--batch-size", "30", log="final.log")
     redelivered = _every_page_decided_once_at_least(kafka_bootstrap, t)

@@ -133,6 +133,7 @@ class Runner:
         loop = asyncio.get_running_loop()
         try:
             while not stop.is_set():
+                await self._expire(stop)
                 fetched = await self.source.fetch(self.settings.batch_size, stop)
                 if fetched is None:
                     return
@@ -143,7 +144,6 @@ class Runner:
                 else:  # idle: the index gauges may lag behind the last batch
                     await loop.run_in_executor(self._thread, self.metrics.refresh_index,
                                                self.dedup)
-                await self._expire(stop)
         finally:
             self._thread.shutdown(wait=True)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,14 @@ from aiokafka.errors import (
 from aiokafka.structs import ConsumerRecord
 from opskit import _WORDS, html
 
-from stream_dedup import Deduplicator, Settings
-from stream_dedup.edges import Crash, Faults
-from stream_dedup.errors import KafkaDeliveryError
+from stream_dedup import Deduplicator, Page, Settings
+from stream_dedup.edges import Crash, Faults, ListSink, ListSource
+from stream_dedup.errors import IndexUnavailable, KafkaDeliveryError
+from stream_dedup.http.app import ApiState
+from stream_dedup.index import MemoryIndex
 from stream_dedup.kafka_edges import KafkaSink, KafkaSource
 from stream_dedup.metrics import Metrics
+from stream_dedup.models import Decision
 from stream_dedup.runner import Runner
 
 
@@ -98,18 +102,26 @@ def record(tp: TopicPartition, offset: int, value: bytes) -> ConsumerRecord:
 P0, P1 = TopicPartition("pages", 0), TopicPartition("pages", 1)
 
 
-def near_pairs(n: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-    """Article i on partition 0 and a copy with two words changed on partition 1."""
+def pair_texts(n: int) -> list[tuple[str, str]]:
+    """n articles, each with a copy with two words changed (a near-duplicate)."""
     import random
     rng = random.Random(5)
-    out: dict[TopicPartition, list[ConsumerRecord]] = {P0: [], P1: []}
-    for i in range(n):
+    out = []
+    for _ in range(n):
         words = [rng.choice(_WORDS) for _ in range(400)]
         edited = list(words)
         for j in rng.sample(range(len(words)), 2):
             edited[j] = "zq" + edited[j]
-        for tp, text in ((P0, words), (P1, edited)):
-            page = {"url": f"https://p.example/{i}/{tp.partition}", "html": html([" ".join(text)])}
+        out.append((html([" ".join(words)]), html([" ".join(edited)])))
+    return out
+
+
+def near_pairs(n: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+    """Article i on partition 0 and its copy on partition 1."""
+    out: dict[TopicPartition, list[ConsumerRecord]] = {P0: [], P1: []}
+    for i, texts in enumerate(pair_texts(n)):
+        for tp, text in zip((P0, P1), texts, strict=True):
+            page = {"url": f"https://p.example/{i}/{tp.partition}", "html": text}
             out[tp].append(record(tp, i, json.dumps(page).encode()))
     return out
 
@@ -189,3 +201,160 @@ def test_a_non_retriable_error_stops_with_its_name() -> None:
     with pytest.raises(KafkaDeliveryError, match="TopicAuthorizationFailed"):
         asyncio.run(run(settings, near_pairs(1), [P0, P1], producer))
 
+
+
+# --- the runner over in-process edges: a list source and sink, crash injection as data ----
+S0, S1 = "pages/0", "pages/1"
+HTML = (("Content-Type", "text/html; charset=utf-8"),)
+
+
+def page_streams(n: int) -> dict[str, list[Page]]:
+    """Article i at position i of pages/0; its copy at position n-1-i of pages/1, so a batch
+    that takes the end of pages/0 and the start of pages/1 holds both of some pairs."""
+    pairs = pair_texts(n)
+    return {S0: [Page(f"https://p.example/{i}/a", one.encode(), HTML)
+                 for i, (one, _) in enumerate(pairs)],
+            S1: [Page(f"https://p.example/{i}/b", pairs[i][1].encode(), HTML)
+                 for i in reversed(range(n))]}
+
+
+def outcome(d: Decision) -> tuple[object, ...]:
+    return d.decision, d.reason, d.page_id, d.duplicate_of
+
+
+async def run_list(settings: Settings, source: ListSource, sink: ListSink,
+                   dedup: Deduplicator, faults: Faults | None = None) -> Runner:
+    runner = Runner(settings, dedup, source, sink, faults=faults)
+    try:
+        await runner.run(asyncio.Event())
+    except Crash:
+        pass
+    finally:
+        dedup.index.close()  # without a commit: what a crash leaves on disk
+    return runner
+
+
+@pytest.mark.parametrize("kill, repeated", [
+    ("before-deliver", 0),  # nothing of batch 2 went out
+    ("mid-deliver", 5),  # 5 of its 12 decisions went out
+    ("before-index-commit", 12),  # all went out, neither the index nor the source has it
+    ("before-source-commit", 0),  # the index has it: the restart resumes after it
+])
+def test_a_crash_at_each_step_loses_nothing_and_changes_no_decision(
+        tmp_path: Path, kill: str, repeated: int) -> None:
+    """15 near-duplicate pairs over two streams, batches of 12: the second batch holds the
+    last 3 originals and the copies of those 3 first. The process dies at a step of that
+    batch and restarts with other batches (5, the streams in the other order). Every page
+    gets a decision, the redelivered ones exactly as many as were out, and each the one an
+    uncrashed run gives (with the LSM index, a restart is invisible in the decisions)."""
+    streams = page_streams(15)
+
+    def lsm(name: str, batch_size: int) -> Settings:
+        return Settings(index="lsm", index_path=str(tmp_path / name), batch_size=batch_size)
+
+    expected = ListSink()
+    asyncio.run(run_list(lsm("reference", 12), ListSource(streams), expected,
+                         Deduplicator(lsm("reference", 12))))
+    want = {d.source: outcome(d) for d in expected.decisions}
+    assert len(want) == 30 and sum(o[0] == "drop" for o in want.values()) >= 12
+
+    committed: dict[str, int] = {}
+    sink = ListSink(crash_after=12 + 5 if kill == "mid-deliver" else None)
+    faults = None if kill == "mid-deliver" else Faults(kill, batch=2)
+    first = lsm("index", 12)
+    crashed = asyncio.run(run_list(first, ListSource(streams, committed), sink,
+                                   Deduplicator(first), faults))
+    assert crashed.stats.batches == 1
+    sink.crash_after = None
+    again = lsm("index", 5)
+    dedup = Deduplicator(again)
+    source = ListSource(streams, committed, dedup.index, order=[S1, S0])
+    asyncio.run(run_list(again, source, sink, dedup))
+
+    got: dict[str | None, list[tuple[object, ...]]] = {}
+    for d in sink.decisions:
+        got.setdefault(d.source, []).append(outcome(d))
+    assert set(got) == set(want)  # nothing lost
+    assert sum(len(ds) - 1 for ds in got.values()) == repeated
+    assert {s: set(ds) for s, ds in got.items()} == {s: {o} for s, o in want.items()}
+    reopened = Deduplicator(again)
+    assert reopened.index.offsets() == {S0: 15, S1: 15}  # where a restart would resume
+    reopened.close()
+
+
+class FlakyIndex:
+    """A memory index that cannot answer (IndexUnavailable, as a shared index raises with a
+    node down) for its next `failures` calls."""
+
+    def __init__(self, settings: Settings, failures: int) -> None:
+        self.inner = MemoryIndex(settings.params.stamp, settings.max_posting)
+        self.failures = failures
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name in ("stats", "close"):
+            return attr
+
+        def call(*args: Any) -> Any:
+            if self.failures > 0:
+                self.failures -= 1
+                raise IndexUnavailable("127.0.0.1:7001 is down")
+            return attr(*args)
+        return call
+
+
+def test_an_unavailable_index_holds_the_batch_until_it_answers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """While the index cannot answer, nothing of the batch goes out or is committed, the
+    runner says it is not ready (for /readyz) and warns once; then the same batch is decided
+    and delivered, as it would have been without the outage."""
+    settings = Settings(batch_size=100)
+    streams = page_streams(4)
+    expected = ListSink()
+    asyncio.run(run_list(settings, ListSource(streams), expected, Deduplicator(settings)))
+
+    metrics = Metrics(settings, process=False)
+    dedup = Deduplicator(settings, FlakyIndex(settings, failures=4))  # type: ignore[arg-type]
+    source, sink = ListSource(streams), ListSink()
+    runner = Runner(settings, dedup, source, sink, metrics=metrics)
+    api = ApiState(settings, metrics, dedup, index_problem=lambda: runner.index_problem)
+    seen: list[tuple[bool, int, int, bool]] = []
+
+    async def go() -> None:
+        task = asyncio.create_task(runner.run(asyncio.Event()))
+        while not task.done():
+            ready = (await api.readiness())["index"].ok
+            seen.append((runner.index_ok, len(sink.decisions), len(source.committed), ready))
+            await asyncio.sleep(0.02)
+        await task
+
+    asyncio.run(go())
+    down = [s for s in seen if not s[0]]
+    assert down and all(s == (False, 0, 0, False) for s in down)
+    assert runner.index_ok and api.index_problem() == ""
+    assert [outcome(d) for d in sink.decisions] == [outcome(d) for d in expected.decisions]
+    assert source.committed == {S0: 4, S1: 4}
+    text = metrics.exposition()[0].decode()
+    assert 'stream_dedup_index_errors_total{operation="decide"} 4.0' in text
+    assert sum("the index is unavailable" in r.message for r in caplog.records) == 1
+
+
+def test_a_stop_while_the_index_is_unavailable_abandons_the_batch_uncommitted() -> None:
+    settings = Settings(batch_size=100)
+    dedup = Deduplicator(settings, FlakyIndex(settings, failures=10**9))  # type: ignore[arg-type]
+    source, sink = ListSource(page_streams(3)), ListSink()
+    runner = Runner(settings, dedup, source, sink)
+
+    async def go() -> float:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.5, stop.set)
+        started = time.monotonic()
+        await runner.run(stop)
+        return time.monotonic() - started
+
+    assert asyncio.run(go()) < 2.0
+    assert sink.decisions == [] and source.committed == {}
+    assert runner.stats.abandoned == 6 and not runner.index_ok

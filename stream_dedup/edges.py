@@ -119,8 +119,20 @@ class Faults:
         return cls(point, int(batch or 1), exit)
 
 
+class PageRecords:
+    """For a source whose records are pages (or rejects) already and whose batches nothing
+    else changes: a batch is held as it is, a record is its own item."""
+
+    def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
+        return contextlib.nullcontext(batch)
+
+    def item(self, record: Any) -> Page | Rejected:
+        assert isinstance(record, Page | Rejected)
+        return record
+
+
 # --- in-process edges (tests) ---------------------------------------------------------------
-class ListSource:
+class ListSource(PageRecords):
     """Streams of pages in memory, named like partitions ("pages/0"). A fetch takes records
     stream by stream in `order`. Where a run starts: the offsets stored in `index` (a
     persistent one), else `committed` (kept by the test across a run and its restart, as a
@@ -158,13 +170,6 @@ class ListSource:
         for name, span in picks:
             self.position[name] = max(self.position[name], span.stop)
         return Batch.of((name, i, self.streams[name][i]) for name, span in picks for i in span)
-
-    def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
-        return contextlib.nullcontext(batch)
-
-    def item(self, record: Any) -> Page | Rejected:
-        assert isinstance(record, Page | Rejected)
-        return record
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         self.committed.update(batch.positions)

@@ -10,15 +10,13 @@ Rejected and the replay goes on with the next file: one bad path must not cost a
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import os
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from stream_dedup.edges import Batch
+from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.jsonl import iter_jsonl
 from stream_dedup.sources.warc import SourceStats, archive_format, iter_archive, read_head
@@ -87,7 +85,7 @@ def _unreadable(stats: SourceStats, path: Path, why: str) -> Rejected:
     )
 
 
-class FileSource:
+class FileSource(PageRecords):
     """The pages of `paths`, in order, in batches. A file is read once: nothing comes again
     (the same page twice is a duplicate, not a redelivery) and there is nothing to commit;
     archived fetch times are history, so latency counts from reading."""
@@ -103,13 +101,6 @@ class FileSource:
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
         records = list(itertools.islice(self._items, max_records))
         return Batch(records) if records else None
-
-    def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
-        return contextlib.nullcontext(batch)
-
-    def item(self, record: Any) -> Page | Rejected:
-        assert isinstance(record, Page | Rejected)
-        return record
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass

@@ -1,17 +1,20 @@
-"""Feature index benchmark: memory vs LSM in one run (issue: persistent LSM index).
+"""Feature index benchmark: memory vs LSM vs Redis in one run, through the index seam.
 
-For N pages (generated features: 6 random 64-bit features, raw and canonical fingerprints,
-an 84-value sketch and a short LD signature per page) it measures, per backend:
-  - insert+lookup throughput: for each page, the lookups the pipeline does (raw and canonical
-    fingerprint, candidates for the 6 features) then the insert; commits every --batch pages
-    (the service commits once per Kafka batch);
-  - bytes per page: memory = the index structures (features + exact maps);
-    LSM = the features column family on disk after a flush + compaction, and the whole
-    directory (docs included).
+For N pages (generated: 6 random 64-bit features, raw and canonical fingerprints, an
+84-value sketch, a 200-byte LD signature and a 50-byte URL per page) it drives each backend
+as the deduplicator does, per batch of --batch pages: one `lookup` (exact layers and the 6
+features' posting lists), then one `claim` of the batch (every page kept). It reports:
+  - pages/s through the seam (index work only: no parsing, no deciding);
+  - bytes per page: memory = the index structures (features + exact maps); LSM = the
+    features column family on disk after a flush + compaction, and the whole directory
+    (records included); Redis = `used_memory` (INFO memory, summed over the primaries)
+    after minus before, divided by the pages: everything a page costs there;
+  - Redis: pipelined round trips per batch.
 A share of pages (--dup-share) reuses 3 features of an earlier page, so lookups find
 candidates as they do on a real crawl.
 
-    python bench/index_bench.py --pages 1000000 10000000
+    python bench/index_bench.py --pages 1000000 --backends memory lsm redis \
+        --redis-url redis://127.0.0.1:7000
 """
 
 from __future__ import annotations
@@ -26,15 +29,26 @@ from pathlib import Path
 
 import numpy as np
 
-from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
+from stream_dedup.index import FeatureIndex, MemoryIndex, StoredDoc
+from stream_dedup.index.base import Claim, Probe
 from stream_dedup.index.lsm import LsmIndex
+from stream_dedup.index.redis import RedisIndex
+from stream_dedup.models import Decision
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from indexkit import flush_redis  # noqa: E402
 
 
 def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: Path) -> dict:
+def _used_memory(index: RedisIndex) -> int:
+    return int(index.stats()["redis_used_memory"])
+
+
+def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: Path,
+        redis_url: str) -> dict:
     rng = np.random.default_rng(seed)
     features = rng.integers(0, 2**63, size=(pages, 6), dtype=np.uint64)
     dups = np.flatnonzero(rng.random(pages) < dup_share)
@@ -42,33 +56,48 @@ def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: 
     sources = rng.integers(0, dups, dtype=np.int64) if dups.size else dups
     features[dups, :3] = features[sources, :3]
     sketches = rng.integers(0, 2**32, size=(4096, 84), dtype=np.uint32)  # realistic entropy
-    index = (MemoryIndex(1) if backend == "memory" else LsmIndex(tmp / "lsm", 1))
+    signature = bytes(range(200))
+    index: FeatureIndex
+    if backend == "redis":
+        flush_redis(redis_url)
+        index = RedisIndex(redis_url, 1)
+        before = _used_memory(index)
+    elif backend == "lsm":
+        index = LsmIndex(tmp / "lsm", 1)
+    else:
+        index = MemoryIndex(1)
+    ids = index.local_ids(pages)
     found = 0
     started = time.perf_counter()
-    for i in range(pages):
-        feats = features[i]
-        index.first_with(RAW, i)
-        index.first_with(CANONICAL, i + pages)
-        found += len(index.candidates(feats, 2))
-        sketch = sketches[i % 4096] ^ np.uint32(i)
-        index.insert(StoredDoc(f"http://bench/{i}", feats, sketch, b"0123456789abcdef", 9000,
-                               i, i + pages))
-        if i % batch == batch - 1:
-            index.commit({"bench/0": i + 1})
-    index.commit({"bench/0": pages})
+    for start in range(0, pages, batch):
+        probes, docs = [], []
+        for i in range(start, min(pages, start + batch)):
+            feats = features[i]
+            probes.append(Probe(ids[i], i, i + pages, feats))
+            docs.append(StoredDoc(f"https://www.example-{i % 1000}.com/news/article/{i}.html",
+                                  feats, sketches[i % 4096] ^ np.uint32(i), signature, 9000,
+                                  i, i + pages, None, ids[i]))
+        for answer in index.lookup(probes):
+            found += sum(1 for posting in answer.postings if posting)
+        index.claim([Claim(p, d, Decision(d.url, "keep", "unique", page_id=d.page_id))
+                     for p, d in zip(probes, docs, strict=True)])
+        index.commit({"bench/0": start + len(probes)})
     seconds = time.perf_counter() - started
-    stats = index.stats()
     result = {"backend": backend, "pages": pages, "seconds": seconds,
-              "pages_per_s": pages / seconds, "candidates_found": found}
+              "pages_per_s": pages / seconds, "candidates_found": found,
+              "index_bytes_per_page": float("nan"), "dir_bytes_per_page": float("nan"),
+              "round_trips_per_batch": float("nan")}
     if isinstance(index, LsmIndex):
         index.compact()
-        stats = index.stats()
-        result["index_bytes_per_page"] = stats["index_bytes_per_page"]
+        result["index_bytes_per_page"] = index.stats()["index_bytes_per_page"]
         index.close()
         result["dir_bytes_per_page"] = _dir_bytes(tmp / "lsm") / pages
+    elif isinstance(index, RedisIndex):
+        result["index_bytes_per_page"] = (_used_memory(index) - before) / pages
+        result["round_trips_per_batch"] = index.round_trips / -(-pages // batch)
+        index.close()
     else:
-        result["index_bytes_per_page"] = stats["index_bytes_per_page"]
-        result["dir_bytes_per_page"] = float("nan")
+        result["index_bytes_per_page"] = index.stats()["index_bytes_per_page"]
     return result
 
 
@@ -76,25 +105,27 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pages", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--backends", nargs="+", default=["memory", "lsm"])
+    parser.add_argument("--backends", nargs="+", default=["memory", "lsm"],
+                        choices=["memory", "lsm", "redis"])
+    parser.add_argument("--redis-url", default="redis://127.0.0.1:7000",
+                        help="redis: a node of an EMPTY Redis it may flush (deploy/redis-local)")
     parser.add_argument("--batch", type=int, default=500, help="pages per commit (500)")
     parser.add_argument("--dup-share", type=float, default=0.2)
     parser.add_argument("--tmp", default=None, help="where the LSM directory goes")
     args = parser.parse_args()
     print(f"# {' '.join(sys.argv)}  (nproc={os.cpu_count()}, python {sys.version.split()[0]})")
-    print(f"{'backend':<8} {'pages':>10} {'seconds':>9} {'pages/s':>10} {'ops/s':>10} "
-          f"{'index B/page':>13} {'dir B/page':>11}")
+    print(f"{'backend':<8} {'pages':>10} {'seconds':>9} {'pages/s':>10} "
+          f"{'index B/page':>13} {'dir B/page':>11} {'trips/batch':>12}")
     for pages in args.pages:
         for backend in args.backends:
             tmp = Path(tempfile.mkdtemp(dir=args.tmp))
             try:
-                r = run(backend, pages, args.batch, args.dup_share, 7, tmp)
+                r = run(backend, pages, args.batch, args.dup_share, 7, tmp, args.redis_url)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            # a page = 8 lookups (2 exact + 6 features) + 8 writes (2 exact + 6 features)
             print(f"{r['backend']:<8} {r['pages']:>10,} {r['seconds']:>9.1f} "
-                  f"{r['pages_per_s']:>10,.0f} {16 * r['pages_per_s']:>10,.0f} "
-                  f"{r['index_bytes_per_page']:>13.1f} {r['dir_bytes_per_page']:>11.1f}",
+                  f"{r['pages_per_s']:>10,.0f} {r['index_bytes_per_page']:>13.1f} "
+                  f"{r['dir_bytes_per_page']:>11.1f} {r['round_trips_per_batch']:>12.1f}",
                   flush=True)
     return 0
 

@@ -100,14 +100,19 @@ def _engine_flags(parser: argparse.ArgumentParser) -> None:
 
 def _index_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("index (what the filter remembers)")
-    g.add_argument("--index", choices=["memory", "lsm"],
-                   help="memory (default; gone on exit) or lsm (RocksDB on disk; restarts "
-                   "and crashes are invisible in the decisions)")
+    g.add_argument("--index", choices=["memory", "lsm", "redis"],
+                   help="memory (default; gone on exit), lsm (RocksDB on disk; restarts "
+                   "and crashes are invisible in the decisions) or redis (shared: every "
+                   "instance on the same Redis decides as one; see README, Scale-out)")
     g.add_argument("--index-path", metavar="DIR", help="the LSM index directory")
+    g.add_argument("--redis-url", metavar="URL",
+                   help="redis: any node of a Redis Cluster (the rest is discovered) or a "
+                   "single Redis or Kvrocks, e.g. redis://127.0.0.1:7000")
     g.add_argument("--warm-from", metavar="DIR",
                    help="start a memory index with the pages of an LSM index (a snapshot)")
     g.add_argument("--retention-days", type=float, metavar="DAYS",
-                   help="lsm: forget pages crawled more than DAYS ago, while running (0 = never)")
+                   help="lsm, redis: forget pages crawled more than DAYS ago, while running "
+                   "(0 = never)")
 
 
 def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:

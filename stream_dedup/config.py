@@ -69,10 +69,11 @@ class Settings:
     http_token: str = field(default="", repr=False)  # bearer token for /v1/*; empty: open
     stall_seconds: float = 120.0  # /readyz fails when records wait and no batch finished since
     # --- the index ---
-    index: str = "memory"  # memory | lsm
+    index: str = "memory"  # memory | lsm | redis
     index_path: str = ""  # the LSM directory (required with index = "lsm")
+    redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
-    retention_days: float = 0.0  # LSM: forget pages crawled longer ago (0 = keep forever)
+    retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
 
@@ -104,8 +105,11 @@ class Settings:
             raise ConfigError("max_posting and verify_max_candidates must be >= 1")
         if self.max_page_bytes < 1:
             raise ConfigError("max_page_bytes must be >= 1")
-        if self.index not in ("memory", "lsm"):
-            raise ConfigError(f"index must be memory or lsm, got {self.index!r}")
+        if self.index not in ("memory", "lsm", "redis"):
+            raise ConfigError(f"index must be memory, lsm or redis, got {self.index!r}")
+        if self.index == "redis" and not self.redis_url:
+            raise ConfigError("--index redis needs --redis-url redis://HOST:PORT (any node "
+                              "of the cluster)")
         if self.index == "lsm" and not self.index_path:
             raise ConfigError("--index lsm needs --index-path DIR (where the index lives)")
         if self.retention_days < 0:

@@ -50,7 +50,7 @@ from .errors import KafkaDeliveryError
 from .index.base import FeatureIndex
 from .kafka_client import MAX_BACKOFF_S, Limits, is_retriable, retry, stop_within
 from .metrics import Metrics
-from .models import Decision, Page, Rejected
+from .models import Decision, Page, Rejected, position_id
 from .runner import STOP_GRACE_S, Abandoned, pause
 from .sinks.kafka import Message, Topics, as_record, messages_for
 from .sources.kafka import page_from_message, source_of
@@ -201,6 +201,7 @@ class KafkaSource:
             record.value, record.key, list(record.headers or ()),
             source_of(record.topic, record.partition, record.offset),
             input_format=self.settings.input_format, max_bytes=self.settings.max_page_bytes,
+            position=position_id(record.timestamp, record.partition, record.offset),
         )
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:

@@ -1,18 +1,11 @@
 """The only place the dedup steps are sequenced: Page -> Decision.
 
-    raw fingerprint ──match──> drop "exact"
-    canonicalize ─> canonical fingerprint ──match──> drop "canonical"
-    (fewer than min_shingles shingles: keep "unique", short=True; exact layers only)
-    shingles ─> sketch ─> features ─> index.candidates(>= r shared)
-        none ─> keep "unique"
-        some ─> sampled? verify best candidates (resemblance + estimated LD)
-                   passes ─> drop "near" (verified)      fails ─> keep "verified-distinct"
-                not sampled ─> drop "near" (unverified)
-    kept pages are inserted into the index; dropped ones are not (no drift by chaining).
+    Analyzer (pure, may run in worker processes): raw fingerprint; canonical text and
+        its fingerprint; shingles -> sketch -> features -> LD signature
+    Deduplicator (ordered, owns the index): per batch, index.lookup -> decide.py's pure
+        decide step -> index.claim; the keep/drop rules are drawn in decide.py
 
-`analyze` is pure and stateless (it can run in a worker process); `Deduplicator.decide`
-owns the index and must see pages in order. `check` = both, skipping the sketch when an
-exact layer already matched. Replay and the Kafka service both go through this module.
+Replay and the Kafka service both go through this module (runner.py).
 
 Every decided page is reported once to an `Observer` (stage timings, outcome, size): the
 default does nothing; `metrics.Metrics` turns it into Prometheus metrics. The public methods
@@ -32,56 +25,20 @@ from datetime import datetime
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
-import numpy as np
 import xxhash
 
 from .config import Settings
-from .core import ldsig
 from .core.canonical import canonicalize, kernels
-from .core.sketch import Sketcher, resemblance
+from .core.sketch import Sketcher
 from .core.tokens import Tokens
+from .decide import Analysis, decide_batch
 from .errors import PageError
-from .index import open_index
-from .index.base import CANONICAL, RAW, FeatureIndex, Plan, StoredDoc
-from .models import (
-    CANONICAL as R_CANONICAL,
-)
-from .models import (
-    EXACT,
-    NEAR,
-    NEAR_VERIFIED,
-    UNIQUE,
-    VERIFIED_DISTINCT,
-    Decision,
-    DuplicateOf,
-    Page,
-    Rejected,
-)
+from .index import index_for
+from .index.base import WAIT, Claim, FeatureIndex, Plan, Probe
+from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
 from .workers import pool as worker_pool
 
-_U64_SPAN = float(1 << 64)
-_NO_FEATURES = np.zeros(0, dtype=np.uint64)  # a short page's (read only, like every array here)
-_NO_SKETCH = np.zeros(0, dtype=np.uint32)
 log = logging.getLogger("stream_dedup")
-
-
-@dataclass(slots=True)
-class Analysis:
-    """What the pure stages compute for one page (picklable: crosses process pools).
-    Never changed once made; not declared frozen only because a frozen dataclass costs
-    1.3 µs to build instead of 0.23, twice a page."""
-
-    page: Page
-    raw_fp: int
-    canonical_fp: int | None = None
-    text_length: int = 0
-    shingle_count: int = 0
-    sketch: np.ndarray | None = None
-    features: np.ndarray | None = None
-    ld_signature: bytes = b""
-    error: PageError | None = None
-    canonical_s: float = 0.0  # seconds in decode + extract + canonicalize
-    sketch_s: float = 0.0  # seconds in shingles + sketch + features + LD signature (0: not run)
 
 
 class StageTimes(NamedTuple):
@@ -125,6 +82,12 @@ def verify_outcome(d: Decision) -> str | None:
     if d.reason == NEAR:
         return "confirmed" if d.verified else "unsampled"
     return "overturned" if d.reason == VERIFIED_DISTINCT else None
+
+
+def _probe(a: Analysis, page_id: int) -> Probe:
+    """What a page asks the index: exact layers only unless it has features."""
+    canonical = a.canonical_fp if a.text_length > 0 else None
+    return Probe(page_id, a.raw_fp, canonical, a.features)
 
 
 def raw_fingerprint(body: bytes) -> int:
@@ -230,6 +193,12 @@ class Counters:
 class Deduplicator:
     """Decides keep/drop for a stream of pages, remembering the kept ones.
 
+    A batch: rejects and re-deliveries are answered at once; every other page gets its id
+    (its input position, or a local number), is analysed (exact copies of stored pages
+    only fingerprinted), then the index is asked once (`lookup`), the pure decide step
+    (decide.py) decides the batch, and the index is told the outcome (`claim`); a claim a
+    concurrent instance won (shared index only) sends that page round again.
+
     >>> dd = Deduplicator()
     >>> dd.check_html("http://a/", "<p>hello</p>").decision
     'keep'
@@ -242,8 +211,7 @@ class Deduplicator:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         s = self.settings
-        self.index: FeatureIndex = index if index is not None else open_index(
-            s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
+        self.index: FeatureIndex = index if index is not None else index_for(s)
         self.counters = Counters()
         self.observer: Observer = observer or NullObserver()
         # Serializes everything that reads or changes the index, counters and _recent.
@@ -254,29 +222,11 @@ class Deduplicator:
 
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
-        """Decide one page (and remember it if kept). Sketches only when it must."""
-        with self.lock:
-            again = self._seen(page)
-            if again is not None:
-                return again
-            started = perf_counter()
-            raw_fp = raw_fingerprint(page.body)
-            first = self.index.first_with(RAW, raw_fp)
-            if first is not None:
-                times = StageTimes(index_s=perf_counter() - started)
-                return self._record(self._dup(page, EXACT, first), len(page.body), times)
-            a, tokens = self.analyzer.canonical(page, raw_fp)
-            if tokens is None:
-                return self.decide(a)
-            first = self._canonical_match(a)
-            if first is not None:
-                times = StageTimes(a.canonical_s, index_s=perf_counter() - started - a.canonical_s)
-                return self._record(self._dup(page, R_CANONICAL, first), len(page.body), times)
-            # Neither exact layer matched (and the lock kept the index as it was).
-            return self._decide_and_record(self.analyzer.finish(a, tokens), exact_checked=True)
+        """Decide one page (and remember it if kept)."""
+        return self.check_batch([page])[0]
 
     def would_decide(self, page: Page) -> Decision:
-        """The decision `check` would give `page` now, without inserting, counting or
+        """The decision `check` would give `page` now, without storing, counting or
         remembering it (a kept page gets no page_id). Safe to call from another thread."""
         a = self.analyzer.analyze(page)  # pure: outside the lock
         with self.lock:
@@ -286,7 +236,10 @@ class Deduplicator:
             if a.error is not None:
                 return Decision(page.url, "reject", a.error.kind, error=a.error.message,
                                 source=page.source)
-            return self._decide(a, insert=False)[0]
+            answers = self.index.lookup([_probe(a, 0)], register=False)
+            verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False)[0]
+            assert verdict.decision is not None, "a fully analysed page is always decided"
+            return verdict.decision
 
     def check_html(self, url: str, html: str | bytes, content_type: str | None = None) -> Decision:
         body = html.encode("utf-8") if isinstance(html, str) else html
@@ -305,38 +258,109 @@ class Deduplicator:
     ) -> list[Decision]:
         """Decisions for a batch, in order; the pure stages may run in `pool` (see
         `analysis_pool`). Gives exactly the decisions `check` would give one by one."""
-        # Analyse each distinct body once: a later byte-identical copy in the same batch
-        # goes through check(), which finds the first copy in the index (or, if that was
-        # dropped, analyses it then), exactly as one-by-one checking would.
-        todo: list[Page] = []
-        seen: set[int] = set()
+        out: list[Decision | None] = [None] * len(items)
+        times: list[StageTimes] = [_NOT_RUN] * len(items)
+        fresh = [True] * len(items)  # False: delivered again, answered as before
+        pages: list[tuple[int, Page]] = []
         with self.lock:
-            for item in items:
-                if not isinstance(item, Page):
-                    continue
-                raw_fp = raw_fingerprint(item.body)
-                if raw_fp in seen or (item.source is not None and item.source in self._recent):
-                    continue
-                seen.add(raw_fp)
-                if not self._stored(raw_fp):
-                    todo.append(item)
-        if pool is None or len(todo) < 2:
-            analyses = [self.analyzer.analyze(p) for p in todo]
-        else:
-            stripped = pool.map(_worker_analyze, todo, chunksize=max(1, len(todo) // 16))
-            analyses = [replace(a, page=p) for p, a in zip(todo, stripped, strict=True)]
-        by_identity = {id(p): a for p, a in zip(todo, analyses, strict=True)}
-        out = []
-        for item in items:
-            if isinstance(item, Rejected):
-                out.append(self.reject(item))
-            elif id(item) in by_identity:
-                out.append(self.decide(by_identity[id(item)]))
-            else:
-                out.append(self.check(item))  # an exact copy of a page already stored
+            for i, item in enumerate(items):
+                if isinstance(item, Rejected):
+                    out[i] = Decision(item.url, "reject", item.kind, error=item.message,
+                                      source=item.source)
+                else:
+                    fresh[i] = False
+                    out[i] = self._seen(item)
+                    if out[i] is None:
+                        pages.append((i, item))
+                        fresh[i] = True
+            local = iter(self.index.local_ids(sum(p.position is None for _, p in pages)))
+            ids = [p.position if p.position is not None else next(local) for _, p in pages]
+            fps = [raw_fingerprint(p.body) for _, p in pages]
+            # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
+            stored = self.index.lookup(
+                [Probe(pid, fp, None, None) for pid, fp in zip(ids, fps, strict=True)],
+                register=False)
+        analyses = self._analyse([p for _, p in pages], fps, [a.raw is not None for a in stored],
+                                 pool)
         with self.lock:
+            self._decide(pages, ids, analyses, out, times, fresh)
+            for item, d, t, new in zip(items, out, times, fresh, strict=True):
+                assert d is not None
+                if new:
+                    body = item.raw or b"" if isinstance(item, Rejected) else item.body
+                    self._record(d, len(body), t)
             self.observer.batch(self.index)
+        return [d for d in out if d is not None]
+
+    def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
+                 pool: Executor | None) -> list[Analysis]:
+        """Each distinct body analysed once (in `pool` if given); a copy of a stored page
+        only fingerprinted."""
+        todo: dict[int, Page] = {}
+        for page, fp, is_stored in zip(pages, fps, stored, strict=True):
+            if not is_stored:
+                todo.setdefault(fp, page)
+        bodies = list(todo.values())
+        if pool is None or len(bodies) < 2:
+            done = [self.analyzer.analyze(p) for p in bodies]
+        else:
+            stripped = pool.map(_worker_analyze, bodies, chunksize=max(1, len(bodies) // 16))
+            done = [replace(a, page=p) for p, a in zip(bodies, stripped, strict=True)]
+        by_fp = {a.raw_fp: a for a in done}
+        out = []
+        for page, fp in zip(pages, fps, strict=True):
+            a = by_fp.get(fp)
+            if a is None:
+                out.append(Analysis(page, fp))
+            else:
+                out.append(a if a.page is page else replace(a, page=page))
         return out
+
+    def _decide(self, pages: list[tuple[int, Page]], ids: list[int], analyses: list[Analysis],
+                out: list[Decision | None], times: list[StageTimes], fresh: list[bool]) -> None:
+        """Ask the index, decide, claim; again for the pages whose claims were lost."""
+        for (i, _), a in zip(pages, analyses, strict=True):
+            if a.error is not None:
+                page = a.page
+                out[i] = Decision(page.url, "reject", a.error.kind, error=a.error.message,
+                                  source=page.source)
+                times[i] = StageTimes(canonical_s=a.canonical_s)
+        todo = [k for k, a in enumerate(analyses) if a.error is None]
+        while todo:
+            started = perf_counter()
+            answers = self.index.lookup([_probe(analyses[k], ids[k]) for k in todo])
+            live = []
+            later = []
+            for k, answer in zip(todo, answers, strict=True):
+                if answer.prior == WAIT:
+                    later.append(k)
+                elif answer.prior is not None:  # a shared store decided it before
+                    page = pages[k][1]
+                    out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source)
+                    fresh[pages[k][0]] = False
+                    self.counters.redelivered += 1
+                    self.observer.redelivered(answer.prior)
+                else:
+                    live.append((k, answer))
+            asked = perf_counter()
+            verdicts = decide_batch([analyses[k] for k, _ in live], [ids[k] for k, _ in live],
+                                    [ans for _, ans in live], self.settings)
+            decided = perf_counter()
+            won = self.index.claim([
+                Claim(_probe(analyses[k], ids[k]), v.doc, v.decision, v.depends_on)
+                for (k, _), v in zip(live, verdicts, strict=True)])
+            index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
+            todo = later
+            for (k, _), v, ok in zip(live, verdicts, won, strict=True):
+                if v.decision is None:  # only fingerprinted, and the stored copy is gone
+                    analyses[k] = self.analyzer.analyze(analyses[k].page)
+                    ok = False
+                if not ok:
+                    todo.append(k)
+                    continue
+                a = analyses[k]
+                out[pages[k][0]] = v.decision
+                times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         """Make the pages kept so far durable, atomically with the input offsets they
@@ -376,63 +400,6 @@ class Deduplicator:
                 "index_pages": len(self.index),
             }
 
-    # --- the ordered, stateful part ---------------------------------------------------
-    def decide(self, a: Analysis) -> Decision:
-        page = a.page
-        if a.error is not None:
-            rejected = Rejected(page.url, a.error.kind, a.error.message, page.source)
-            return self._reject(rejected, len(page.body), StageTimes(canonical_s=a.canonical_s))
-        return self._decide_and_record(a)
-
-    def _decide_and_record(self, a: Analysis, *, exact_checked: bool = False) -> Decision:
-        with self.lock:
-            started = perf_counter()
-            d, verify_s = self._decide(a, insert=True, exact_checked=exact_checked)
-            index_s = perf_counter() - started - verify_s
-            times = StageTimes(a.canonical_s, a.sketch_s, index_s, verify_s)
-            return self._record(d, len(a.page.body), times)
-
-    def _decide(
-        self, a: Analysis, *, insert: bool, exact_checked: bool = False
-    ) -> tuple[Decision, float]:
-        """The decision for an analysed page, and the seconds verification took. Changes
-        nothing but the index (a kept page is inserted when `insert`). `exact_checked`:
-        the caller, holding the lock, has just found neither exact layer to match."""
-        page, s = a.page, self.settings
-        if not exact_checked:
-            first = self.index.first_with(RAW, a.raw_fp)
-            if first is not None:
-                return self._dup(page, EXACT, first), 0.0
-            first = self._canonical_match(a)
-            if first is not None:
-                return self._dup(page, R_CANONICAL, first), 0.0
-        if a.shingle_count < s.min_shingles:
-            return self._keep(a, UNIQUE, insert, short=True), 0.0
-        if a.sketch is None:  # analysis stopped early (e.g. check() after a cheap pass)
-            raise ValueError("decide() needs a sketched Analysis for a long page")
-        assert a.features is not None
-        found = self.index.candidates(a.features, 1 if s.verify_single_feature else s.threshold)
-        weak = [c for c in found if c[1] < s.threshold]
-        found = [c for c in found if c[1] >= s.threshold]
-        if not found and weak:
-            started = perf_counter()
-            confirmed, _ = self._verify(a, weak, NEAR_VERIFIED, s.near_verified_min_resemblance)
-            if confirmed is not None:
-                return confirmed, perf_counter() - started
-            return self._keep(a, UNIQUE, insert), perf_counter() - started
-        if not found:
-            return self._keep(a, UNIQUE, insert), 0.0
-        if not self._sampled(a.canonical_fp):
-            best, shared = found[0]
-            return self._dup(page, NEAR, best, shared=shared), 0.0
-        started = perf_counter()
-        confirmed, (res, ld) = self._verify(a, found)
-        verify_s = perf_counter() - started
-        if confirmed is not None:
-            return confirmed, verify_s
-        kept = self._keep(a, VERIFIED_DISTINCT, insert, shared=found[0][1], resemblance=res, ld=ld)
-        return kept, verify_s
-
     # --- helpers ----------------------------------------------------------------------
     def _reject(self, item: Rejected, nbytes: int, times: StageTimes) -> Decision:
         d = Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
@@ -447,82 +414,6 @@ class Deduplicator:
             self.counters.redelivered += 1
             self.observer.redelivered(earlier)
         return earlier
-
-    def _stored(self, raw_fp: int) -> bool:
-        return self.index.first_with(RAW, raw_fp) is not None
-
-    def _canonical_match(self, a: Analysis) -> int | None:
-        # Pages without visible text are not "the same text" as each other.
-        if a.text_length == 0 or a.canonical_fp is None:
-            return None
-        return self.index.first_with(CANONICAL, a.canonical_fp)
-
-    def _sampled(self, canonical_fp: int | None) -> bool:
-        # Deterministic per page: the same page is sampled in every replay and after a
-        # re-delivery, so decisions are reproducible.
-        rate = self.settings.verify_rate
-        if canonical_fp is None or rate >= 1.0:
-            return rate > 0.0
-        return rate > 0.0 and (canonical_fp ^ 0xA5A5) / _U64_SPAN < rate
-
-    def _verify(
-        self, a: Analysis, found: list[tuple[int, int]], reason: str = NEAR,
-        min_resemblance: float | None = None,
-    ) -> tuple[Decision | None, tuple[float, float]]:
-        """The confirmed near-duplicate decision (or None), and the first candidate's
-        (resemblance, estimated LD) for a NEAR verification (what `verified-distinct`
-        reports). A candidate below the resemblance bar fails whatever its distance, so its
-        LD estimate (the costly part on long pages) is skipped unless it is reported."""
-        s = self.settings
-        assert a.sketch is not None
-        bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
-        first_seen: tuple[float, float] | None = None
-        for page_id, shared in found[: s.verify_max_candidates]:
-            doc = self.index.doc(page_id)
-            res = resemblance(a.sketch, doc.sketch)
-            if res < bar and (first_seen is not None or reason != NEAR):
-                continue
-            limit = s.verify_max_ld_ratio * max(a.text_length, doc.text_length)
-            ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c, limit)
-            ratio = ldsig.ratio(ld, a.text_length, doc.text_length)
-            if first_seen is None:
-                if ld > limit and reason == NEAR:  # fails; its exact estimate is reported
-                    ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
-                first_seen = (res, float(ld))
-            if res >= bar and ratio <= s.verify_max_ld_ratio:
-                return Decision(
-                    a.page.url, "drop", reason, duplicate_of=DuplicateOf(page_id, doc.url),
-                    shared_features=shared, resemblance=res, ld_estimate=float(ld),
-                    verified=True, source=a.page.source,
-                ), (res, float(ld))
-        return None, first_seen or (0.0, 0.0)  # (0, 0) only for NEAR_VERIFIED: not reported
-
-    def _keep(
-        self, a: Analysis, reason: str, insert: bool, *, short: bool = False, shared: int = 0,
-        resemblance: float | None = None, ld: float | None = None,
-    ) -> Decision:
-        assert a.canonical_fp is not None
-        if not insert:
-            return Decision(
-                a.page.url, "keep", reason, shared_features=shared, resemblance=resemblance,
-                ld_estimate=ld, short=short, source=a.page.source,
-            )
-        page_id = self.index.insert(StoredDoc(
-            a.page.url,
-            a.features if a.features is not None else _NO_FEATURES,
-            a.sketch if a.sketch is not None else _NO_SKETCH,
-            a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, a.page.fetched_at,
-        ))
-        return Decision(
-            a.page.url, "keep", reason, page_id=page_id, shared_features=shared,
-            resemblance=resemblance, ld_estimate=ld, short=short, source=a.page.source,
-        )
-
-    def _dup(self, page: Page, reason: str, first: int, shared: int = 0) -> Decision:
-        return Decision(
-            page.url, "drop", reason, duplicate_of=DuplicateOf(first, self.index.doc(first).url),
-            shared_features=shared, source=page.source,
-        )
 
     def _record(self, d: Decision, nbytes: int, times: StageTimes) -> Decision:
         self.counters.pages += 1

@@ -7,9 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from indexkit import candidates, first_with, flush_redis, keep
 
 from stream_dedup.index import CANONICAL, RAW, SUPPORTED_INDEXES, FeatureIndex, StoredDoc
+from stream_dedup.index.base import Probe
 from stream_dedup.index.memory import SortedRunMultimap
+from stream_dedup.index.redis import RedisIndex
 
 
 def _doc(
@@ -18,7 +21,7 @@ def _doc(
     return StoredDoc(
         url=url,
         features=np.array(features, dtype=np.uint64),
-        sketch=np.zeros(84, np.uint32),
+        sketch=np.arange(84, dtype=np.uint32),
         ld_signature=b"sig",
         text_length=text,
         raw_fp=raw,
@@ -26,12 +29,17 @@ def _doc(
     )
 
 
-@pytest.fixture(params=sorted(SUPPORTED_INDEXES))
+@pytest.fixture(params=[*sorted(SUPPORTED_INDEXES), "redis"])
 def make_index(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     opened: list[FeatureIndex] = []
 
     def make(cap: int = 64) -> FeatureIndex:
-        index = SUPPORTED_INDEXES[request.param](1234, cap, tmp_path / f"idx{len(opened)}")
+        if request.param == "redis":  # a 3-master Redis Cluster (deploy/redis-local)
+            url = request.getfixturevalue("redis_url")
+            flush_redis(url)
+            index: FeatureIndex = RedisIndex(url, 1234, cap)
+        else:
+            index = SUPPORTED_INDEXES[request.param](1234, cap, tmp_path / f"idx{len(opened)}")
         opened.append(index)
         return index
 
@@ -40,60 +48,67 @@ def make_index(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[
         index.close()
 
 
-def test_insert_returns_dense_ids_and_docs_round_trip(make_index) -> None:  # type: ignore[no-untyped-def]
+def test_claimed_pages_and_their_records_round_trip(make_index) -> None:  # type: ignore[no-untyped-def]
     index: FeatureIndex = make_index()
-    ids = [index.insert(_doc([i, i + 100], url=f"http://x/{i}")) for i in range(5)]
-    assert ids == [0, 1, 2, 3, 4]
+    ids = [(1 << 90) + 7 * i for i in range(5)]  # input positions: large and sparse
+    for i, pid in enumerate(ids):
+        keep(index, _doc([i, i + 100], raw=i, canon=i, url=f"http://x/{i}"), pid)
     assert len(index) == 5
-    assert index.doc(3).url == "http://x/3"
-    assert index.doc(3).features.tolist() == [3, 103]
+    assert candidates(index, [3, 103, 5], 2) == [(ids[3], 2)]
+    answer = index.lookup([Probe(-1, 3, None, None)], register=False)[0]
+    assert answer.raw is not None
+    doc = answer.docs[answer.raw]  # what verification reads: url, sketch, signature, length
+    assert (doc.url, doc.page_id, doc.ld_signature, doc.text_length) == (
+        "http://x/3", ids[3], b"sig", 10)
+    assert doc.sketch.tolist() == list(range(84))
     assert index.stamp == 1234
 
 
 def test_exact_layers_return_the_earliest_page(make_index) -> None:  # type: ignore[no-untyped-def]
     index: FeatureIndex = make_index()
-    index.insert(_doc([1], raw=10, canon=20))
-    index.insert(_doc([2], raw=11, canon=20))
-    assert index.first_with(RAW, 10) == 0
-    assert index.first_with(RAW, 11) == 1
-    assert index.first_with(CANONICAL, 20) == 0
-    assert index.first_with(RAW, 99) is None
-    index.insert(_doc([3], raw=12, canon=21, text=0))  # no text: no canonical entry
-    assert index.first_with(CANONICAL, 21) is None
+    keep(index, _doc([1], raw=10, canon=20), 0)
+    keep(index, _doc([2], raw=11, canon=20), 1)
+    assert first_with(index, RAW, 10) == 0
+    assert first_with(index, RAW, 11) == 1
+    assert first_with(index, CANONICAL, 20) == 0
+    assert first_with(index, RAW, 99) is None
+    keep(index, _doc([3], raw=12, canon=21, text=0), 2)  # no text: no canonical entry
+    assert first_with(index, CANONICAL, 21) is None
 
 
 def test_candidates_count_shared_features(make_index) -> None:  # type: ignore[no-untyped-def]
     index: FeatureIndex = make_index()
-    index.insert(_doc([1, 2, 3, 4, 5, 6]))
-    index.insert(_doc([1, 2, 30, 40, 50, 60]))
-    index.insert(_doc([1, 20, 30, 40, 50, 60]))
-    query = np.array([1, 2, 3, 40, 77, 88], dtype=np.uint64)
-    assert index.candidates(query, 2) == [(0, 3), (1, 3), (2, 2)]
-    assert index.candidates(query, 3) == [(0, 3), (1, 3)]
-    assert index.candidates(np.array([9, 99], dtype=np.uint64), 1) == []
+    keep(index, _doc([1, 2, 3, 4, 5, 6]), 0)
+    keep(index, _doc([1, 2, 30, 40, 50, 60]), 1)
+    keep(index, _doc([1, 20, 30, 40, 50, 60]), 2)
+    query = [1, 2, 3, 40, 77, 88]
+    assert candidates(index, query, 2) == [(0, 3), (1, 3), (2, 2)]
+    assert candidates(index, query, 3) == [(0, 3), (1, 3)]
+    assert candidates(index, [9, 99], 1) == []
 
 
 def test_posting_lists_are_capped_to_the_most_recent(make_index) -> None:  # type: ignore[no-untyped-def]
     index: FeatureIndex = make_index(cap=4)
-    for i in range(20_000):  # enough to flush and merge runs several times
-        index.insert(_doc([7, 1_000_000 + i], raw=i, canon=i))
+    n = 1_500 if isinstance(index, RedisIndex) else 20_000  # memory: flushes and merges
+    for i in range(n):
+        keep(index, _doc([7, 1_000_000 + i], raw=i, canon=i), i)
         if i % 3_000 == 2_999:
             index.commit()
-    found = index.candidates(np.array([7], dtype=np.uint64), 1)
+    found = candidates(index, [7], 1)
     ids = sorted(pid for pid, _ in found)
-    assert len(ids) <= 8  # at most cap per run still unmerged plus cap in the memtable
-    assert ids[-1] == 19_999
-    assert index.first_with(RAW, 5) == 5
-    assert index.candidates(np.array([1_000_000 + 12_345, 7], dtype=np.uint64), 1)[0] == (12_345, 1)
+    assert len(ids) <= 4  # a feature's `cap` most recent pages
+    assert ids[-1] == n - 1
+    assert first_with(index, RAW, 5) == 5
+    assert candidates(index, [1_000_000 + 1_234, 7], 1)[0] == (1_234, 1)
 
 
 def test_random_workload_matches_a_plain_dict_model(make_index) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(5)
     index: FeatureIndex = make_index(cap=1_000_000)
     model: dict[int, list[int]] = {}
-    for pid in range(30_000):
+    for pid in range(3_000 if isinstance(index, RedisIndex) else 30_000):
         feats = rng.sample(range(5_000), 3)
-        index.insert(_doc(feats, raw=pid, canon=pid))
+        keep(index, _doc(feats, raw=pid, canon=pid), pid)
         if pid % 1_000 == 999:
             index.commit({"t/0": pid + 1})
         for f in feats:
@@ -107,7 +122,7 @@ def test_random_workload_matches_a_plain_dict_model(make_index) -> None:  # type
             expected = sorted(
                 ((p, c) for p, c in counts.items() if c >= 1), key=lambda t: (-t[1], t[0])
             )
-            assert index.candidates(np.array(q, dtype=np.uint64), 1) == expected
+            assert candidates(index, q, 1) == expected
 
 
 def test_multimap_keep_first_and_last() -> None:
@@ -156,21 +171,23 @@ def test_multimap_kernels_match_python(
 
 def test_commit_stores_offsets(make_index) -> None:  # type: ignore[no-untyped-def]
     index: FeatureIndex = make_index()
+    if isinstance(index, RedisIndex):
+        pytest.skip("a shared index keeps no offsets: the consumer group's commits do")
     assert index.offsets() == {}
-    index.insert(_doc([1, 2]))
+    keep(index, _doc([1, 2]), 0)
     index.commit({"pages/0": 10, "pages/1": 3})
     index.commit({"pages/0": 12})
     assert index.offsets() == {"pages/0": 12, "pages/1": 3}
-    assert index.doc(0).url == "u" and len(index) == 1
+    assert first_with(index, RAW, 0) == 0 and len(index) == 1
 
 
 def test_exact_layers_confirm_the_full_fingerprint(make_index) -> None:  # type: ignore[no-untyped-def]
     """Fingerprints equal in their low 32 bits are still told apart (no false exact drop)."""
     index: FeatureIndex = make_index()
     a, b = 0x1234_5678_0000_0042, 0x8765_4321_0000_0042
-    index.insert(_doc([1], raw=a, canon=a))
+    keep(index, _doc([1], raw=a, canon=a), 0)
     index.commit()
-    assert index.first_with(RAW, a) == 0
-    assert index.first_with(RAW, b) is None
-    index.insert(_doc([2], raw=b, canon=b))
-    assert index.first_with(RAW, b) == 1 and index.first_with(CANONICAL, b) == 1
+    assert first_with(index, RAW, a) == 0
+    assert first_with(index, RAW, b) is None
+    keep(index, _doc([2], raw=b, canon=b), 1)
+    assert first_with(index, RAW, b) == 1 and first_with(index, CANONICAL, b) == 1

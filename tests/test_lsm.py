@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from indexkit import candidates, first_with, keep
 
 from stream_dedup import Settings
 from stream_dedup.core.sketch import Params
@@ -29,26 +30,26 @@ def _doc(i: int, fetched_at: str | None = None) -> StoredDoc:
 def test_committed_pages_survive_a_reopen_and_uncommitted_ones_do_not(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
     for i in range(5):
-        index.insert(_doc(i))
+        keep(index, _doc(i), i)
     index.commit({"pages/0": 5})
-    index.insert(_doc(5))  # never committed: a crash here loses it, and its offset too
+    keep(index, _doc(5), 5)  # never committed: a crash here loses it, and its offset too
     index.close()
     again = LsmIndex(tmp_path / "i", stamp=1)
     assert len(again) == 5
     assert again.offsets() == {"pages/0": 5}
-    stored = again.doc(3)
+    stored = again.doc(3)  # row 3: page 3
     assert stored.url == "http://x/3" and stored.sketch.tolist() == _doc(3).sketch.tolist()
     assert stored.ld_signature == _doc(3).ld_signature and stored.text_length == 103
-    assert again.first_with(RAW, 2) == 2 and again.first_with(CANONICAL, 50_004) == 4
-    assert again.first_with(RAW, 5) is None
-    assert again.candidates(np.array([3, 10_003], dtype=np.uint64), 2) == [(3, 2)]
-    assert again.insert(_doc(9)) == 5  # ids continue after the committed ones
+    assert first_with(again, RAW, 2) == 2 and first_with(again, CANONICAL, 50_004) == 4
+    assert first_with(again, RAW, 5) is None
+    assert candidates(again, [3, 10_003], 2) == [(3, 2)]
+    assert again.insert(_doc(9)) == 5  # rows continue after the committed ones
     again.close()
 
 
 def test_other_parameters_are_refused_without_touching_the_index(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
-    index.insert(_doc(0))
+    keep(index, _doc(0), 0)
     index.commit()
     index.close()
     with pytest.raises(IndexMismatchError, match="other sketch parameters"):
@@ -72,7 +73,7 @@ def test_a_directory_that_is_not_an_index_is_refused(tmp_path: Path) -> None:
 
 def test_a_corrupt_index_is_a_clear_error(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
-    index.insert(_doc(0))
+    keep(index, _doc(0), 0)
     index.commit()
     index.close()
     for f in (tmp_path / "i").iterdir():
@@ -84,21 +85,21 @@ def test_a_corrupt_index_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_expire_forgets_old_pages_only(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
-    index.insert(_doc(0, "2020-01-01T00:00:00Z"))
-    index.insert(_doc(1, "2026-11-01T00:00:00Z"))
-    index.insert(_doc(2))  # no crawl time: judged by when it was stored (now)
+    keep(index, _doc(0, "2020-01-01T00:00:00Z"), 0)
+    keep(index, _doc(1, "2026-11-01T00:00:00Z"), 1)
+    keep(index, _doc(2), 2)  # no crawl time: judged by when it was stored (now)
     index.commit()
     removed = index.expire(datetime(2025, 1, 1, tzinfo=UTC))
     assert removed == 1 and len(index) == 2
-    assert index.first_with(RAW, 0) is None and index.first_with(RAW, 1) == 1
-    assert [p for p, _ in index.candidates(np.array([7], dtype=np.uint64), 1)] == [1, 2]
+    assert first_with(index, RAW, 0) is None and first_with(index, RAW, 1) == 1
+    assert [p for p, _ in candidates(index, [7], 1)] == [1, 2]
     index.close()
 
 
 def test_export_and_warm_a_memory_index(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
     for i in range(4):
-        index.insert(_doc(i))
+        keep(index, _doc(i), i)
     index.commit({"t/0": 4})
     index.export(tmp_path / "copy")
     with pytest.raises(IndexStoreError, match="exists"):
@@ -107,7 +108,7 @@ def test_export_and_warm_a_memory_index(tmp_path: Path) -> None:
     copy = LsmIndex(tmp_path / "copy", stamp=1)
     warm = MemoryIndex.warm_from(copy)
     assert len(warm) == 4 and warm.offsets() == {"t/0": 4}
-    assert warm.candidates(np.array([2, 10_002], dtype=np.uint64), 2) == [(2, 2)]
+    assert candidates(warm, [2, 10_002], 2) == [(2, 2)]
     assert copy.stats()["pages"] == 4
     copy.close()
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .base import CANONICAL, RAW, FeatureIndex, StoredDoc
 from .memory import MemoryIndex
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 
 def _lsm(stamp: int, max_posting: int, path: Path | None) -> FeatureIndex:
@@ -28,7 +32,8 @@ SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = 
 
 def open_index(kind: str, stamp: int, max_posting: int, path: str = "",
                warm_from: str = "") -> FeatureIndex:
-    """The index the settings ask for; a memory index may start from an LSM snapshot."""
+    """The memory or LSM index the settings ask for; a memory index may start from an LSM
+    snapshot. (The Redis index needs more settings: `index_for`.)"""
     if warm_from:
         if kind != "memory":
             from ..errors import ConfigError
@@ -44,5 +49,17 @@ def open_index(kind: str, stamp: int, max_posting: int, path: str = "",
     return SUPPORTED_INDEXES[kind](stamp, max_posting, Path(path) if path else None)
 
 
+def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
+    """The index `settings` ask for (`observe(operation, seconds, failed)`: Redis calls)."""
+    s = settings
+    if s.index == "redis":
+        from .redis import RedisIndex
+
+        return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
+                          retention_days=s.retention_days, threshold=s.threshold,
+                          max_candidates=s.verify_max_candidates, observe=observe)
+    return open_index(s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
+
+
 __all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc",
-           "open_index"]
+           "index_for", "open_index"]

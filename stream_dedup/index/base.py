@@ -1,9 +1,22 @@
-"""The FeatureIndex seam: what the pipeline needs from any index backend.
+"""The FeatureIndex seam: what the decide step needs from any index backend, per batch.
 
-A backend stores, for every kept page, its k features (feature -> page ids), its raw and
-canonical fingerprints (fingerprint -> first page id) and the document record that
-verification reads (url, full sketch, LD signature, canonical length). Page ids are dense
-and increase with insertion order, so "earlier page" means "smaller id".
+A backend stores, for every kept page, its k features (feature -> pages), its raw and
+canonical fingerprints (fingerprint -> first page) and the document record verification
+reads (url, full sketch, LD signature, canonical length). It is asked two questions a batch:
+
+    lookup(probes)  what is stored that each page of the batch may collide with: the first
+                    page with its raw / canonical fingerprint, each feature's posting list,
+                    and the records verification may read (and, for a shared store, the
+                    decision a page delivered again already has);
+    claim(claims)   store the batch's outcome (the kept pages, in order; a shared store
+                    also records the drops); a claim a concurrent instance beat is lost and
+                    that page is decided again.
+
+A memory or LSM index answers from this process and never loses a claim; the Redis index
+answers from a shared store in a few pipelined round trips and may (see redis.py). Pages
+are named by *handles*, ints chosen by the backend that sort oldest first (a row number, or
+the page id itself); a page's public id is `StoredDoc.page_id`, given before deciding:
+its input position, or a number the deduplicator takes from `local_ids`.
 
 Every index is stamped with the sketch Params it was built under; opening it with other
 Params raises IndexMismatchError, because features of different Params mean nothing to
@@ -13,9 +26,9 @@ each other.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -32,6 +45,47 @@ class StoredDoc:
     raw_fp: int
     canonical_fp: int
     fetched_at: str | None = None
+    page_id: int = 0  # public: the input position, or a local number (see local_ids)
+
+
+@dataclass(slots=True)
+class Probe:
+    """What one page of a batch asks the index."""
+
+    page_id: int
+    raw_fp: int
+    canonical_fp: int | None  # None: no visible text (no canonical layer)
+    features: np.ndarray | None  # None: a short page, or one not analysed (exact layers only)
+
+
+class Docs(Protocol):
+    def __getitem__(self, handle: int) -> StoredDoc: ...
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the index holds that one probe may collide with (kept pages only)."""
+
+    raw: int | None  # handle of the first page with this raw fingerprint
+    canonical: int | None  # ... with this canonical fingerprint
+    postings: list[list[int]]  # per feature: handles of its most recent `cap` pages
+    docs: Docs  # records by handle: at least the exact hits and the best candidates
+    # A shared store's Decision (url and source None) for a page it has already decided,
+    # or WAIT: an older page it collides with is being decided elsewhere; ask again.
+    prior: Any = None
+
+
+WAIT = "wait"
+
+
+@dataclass(slots=True)
+class Claim:
+    """One decided page of a batch, handed back to the index in input order."""
+
+    probe: Probe
+    doc: StoredDoc | None  # a kept page's record; None for a drop
+    decision: Any = None  # the Decision (a shared store records it, for re-deliveries)
+    depends_on: int | None = None  # a drop of a page kept earlier in this batch: its index
 
 
 # A batch's composition: ("topic/partition", first offset, end offset) in decide order.
@@ -41,26 +95,24 @@ Plan = list[tuple[str, int, int]]
 @runtime_checkable
 class FeatureIndex(Protocol):
     stamp: int
+    cap: int  # posting lists hold a feature's `cap` most recent pages
 
     def __len__(self) -> int:
         """Pages held."""
         ...
 
-    def first_with(self, layer: int, fingerprint: int) -> int | None:
-        """Earliest page id with this RAW or CANONICAL fingerprint, or None."""
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+        """One Answer per probe, from the stored pages only (a batch's own pages are the
+        decide step's overlay). `register=False`: a read-only question (/v1/check)."""
         ...
 
-    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
-        """(page id, shared features) for pages sharing >= min_shared features,
-        most shared first, then earliest first."""
+    def claim(self, claims: Sequence[Claim]) -> list[bool]:
+        """Store the kept pages (in order) and, for a shared store, every decision; per
+        claim, False if it was lost to a concurrent instance (decide that page again)."""
         ...
 
-    def insert(self, doc: StoredDoc) -> int:
-        """Store a kept page; returns its page id."""
-        ...
-
-    def doc(self, page_id: int) -> StoredDoc:
-        """The document record of a stored page."""
+    def local_ids(self, n: int) -> range:
+        """Page ids for n pages without an input position (replay, the library)."""
         ...
 
     def stats(self) -> dict[str, float]:
@@ -89,7 +141,9 @@ class FeatureIndex(Protocol):
 
 
 def rank_candidates(page_ids: list[int], min_shared: int) -> list[tuple[int, int]]:
-    """Count how often each page id occurs among the posting lists of a page's features.
+    """(handle, shared features) for pages sharing >= min_shared features, most shared
+    first, then oldest first: how often each handle occurs among the posting lists of a
+    page's features.
     (A Counter: the lists hold a few ids, at most k * max_posting, where numpy's unique and
     lexsort cost ~13 µs a page in fixed overhead.)"""
     if not page_ids:  # most pages: nothing shared

@@ -2,12 +2,16 @@
 
 Column families and keys (integers big-endian, so keys sort numerically):
 
-    meta      b"stamp" -> sketch Params stamp (u64)     b"next_id" -> next page id (u32)
+    meta      b"stamp" -> sketch Params stamp (u64)     b"next_id" -> next row (u32)
               b"pages" -> pages held (u64)              b"off:" + source -> next offset (u64)
+              b"next_local" -> next local page id (u64, see FeatureIndex.local_ids)
               b"inflight" -> the plan of the batch being decided (JSON), deleted by commit
-    features  feature (u64) + page id (u32)  -> b""     (a posting list is a prefix scan)
-    exact     b"r"|b"c" + fingerprint (u64)  -> page id (u32), the first page only
-    docs      page id (u32) -> the document record verification reads (see _encode)
+    features  feature (u64) + row (u32)  -> b""     (a posting list is a prefix scan)
+    exact     b"r"|b"c" + fingerprint (u64)  -> row (u32), the first page only
+    docs      row (u32) -> the document record verification reads (see _encode)
+
+Rows number the kept pages in insertion order (they are this backend's handles); a page's
+public id is in its record (format 1 records have none: their id is their row).
 
 Nothing reaches RocksDB until `commit()`: inserts wait in an in-memory overlay that lookups
 also read, and `commit(offsets)` writes the overlay *and* the consumed input offsets in one
@@ -24,7 +28,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,7 @@ from rocksdict import (
 )
 
 from ..errors import IndexMismatchError, IndexStoreError
-from .base import CANONICAL, RAW, Plan, StoredDoc, rank_candidates
+from .base import CANONICAL, RAW, Answer, Claim, Plan, Probe, StoredDoc
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -55,6 +59,7 @@ _DOC_HEAD = struct.Struct("<QQdIHHIII")
 _LAYER = {RAW: b"r", CANONICAL: b"c"}
 _MAX_ID = b"\xff\xff\xff\xff"
 _INFLIGHT = b"inflight"
+_ID_BYTES = 16  # a page id: an input position packs into 98 bits (models.position_id)
 
 
 def _options(prefix: int | None) -> Options:
@@ -77,7 +82,7 @@ class LsmIndex:
         """`stamp` None adopts the stored one (operator commands that only inspect)."""
         self.path = Path(path)
         self.stamp = 0 if stamp is None else stamp
-        self.max_posting = max_posting
+        self.max_posting = self.cap = max_posting
         self._closed = False
         self._check_directory(create)
         families = {CF_META: _options(None), CF_FEATURES: _options(8),
@@ -98,6 +103,7 @@ class LsmIndex:
         self._read.set_prefix_same_as_start(True)
         self._adopt_or_check_stamp(adopt=stamp is None)
         self._next_id = self._meta_int(b"next_id")
+        self._next_local = self._meta_int(b"next_local")
         self._pages = self._meta_int(b"pages")
         self._reset_overlay()
 
@@ -143,11 +149,35 @@ class LsmIndex:
         self._new_docs: dict[int, StoredDoc] = {}
         self._new_features: dict[int, list[int]] = {}
         self._new_exact: dict[bytes, int] = {}
-        self._deleted: set[int] = set()
 
     # --- FeatureIndex -------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._pages + len(self._new_docs) - len(self._deleted)
+        return self._pages + len(self._new_docs)
+
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+        out = []
+        for p in probes:
+            raw = self.first_with(RAW, p.raw_fp)
+            canonical = None
+            if raw is None and p.canonical_fp is not None:
+                canonical = self.first_with(CANONICAL, p.canonical_fp)
+            postings = [] if p.features is None else self.postings(p.features)
+            out.append(Answer(raw, canonical, postings, self))
+        return out
+
+    def claim(self, claims: Sequence[Claim]) -> list[bool]:
+        for c in claims:
+            if c.doc is not None:
+                self.insert(c.doc)
+        return [True] * len(claims)
+
+    def local_ids(self, n: int) -> range:
+        start = self._next_local
+        self._next_local += n
+        return range(start, start + n)
+
+    def __getitem__(self, row: int) -> StoredDoc:
+        return self.doc(row)
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:
         key = _LAYER[layer] + _U64.pack(fingerprint)
@@ -157,29 +187,30 @@ class LsmIndex:
         raw = self._exact.get(key)
         return None if raw is None else _U32.unpack(raw)[0]
 
-    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
-        ids: list[int] = []
+    def postings(self, features: np.ndarray) -> list[list[int]]:
+        """Each feature's `cap` most recent rows: committed ones, then the overlay's."""
+        out: list[list[int]] = []
         it = self._features.iter(self._read)
         try:
             for feature in features.tolist():
                 prefix = _U64.pack(feature)
                 it.seek_for_prev(prefix + _MAX_ID)
-                taken = 0
-                while it.valid() and taken < self.max_posting:
+                rows: list[int] = []
+                while it.valid() and len(rows) < self.cap:
                     key = it.key()
                     if key[:8] != prefix:
                         break
-                    ids.append(_U32.unpack_from(key, 8)[0])
-                    taken += 1
+                    rows.append(_U32.unpack_from(key, 8)[0])
                     it.prev()
-                ids.extend(self._new_features.get(feature, [])[-self.max_posting :])
+                rows.reverse()
+                rows += self._new_features.get(feature, [])
+                out.append(rows[-self.cap:])
         finally:
             del it
-        if self._deleted:
-            ids = [i for i in ids if i not in self._deleted]
-        return rank_candidates(ids, min_shared)
+        return out
 
     def insert(self, doc: StoredDoc) -> int:
+        """Store a kept page (at the next commit); its row."""
         page_id = self._next_id
         self._next_id += 1
         self._new_docs[page_id] = doc
@@ -197,13 +228,14 @@ class LsmIndex:
         raw = self._docs.get(_U32.pack(page_id))
         if raw is None:
             raise KeyError(page_id)
-        return _decode(raw)[0]
+        return _decode(raw, page_id)[0]
 
     # --- durability ---------------------------------------------------------------------
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         """Write what was inserted since the last commit, with the input offsets it covers,
         in one atomic batch."""
-        if not self._new_docs and not self._deleted and not offsets:
+        if not self._new_docs and not offsets and self._next_local == self._meta_int(
+                b"next_local"):
             return
         batch = WriteBatch(raw_mode=True)
         now = time.time()
@@ -219,6 +251,7 @@ class LsmIndex:
         batch.delete(_INFLIGHT, self._cf[CF_META])
         pages = len(self)
         batch.put(b"next_id", _U32.pack(self._next_id), self._cf[CF_META])
+        batch.put(b"next_local", _U64.pack(self._next_local), self._cf[CF_META])
         batch.put(b"pages", _U64.pack(pages), self._cf[CF_META])
         self._write(batch)
         self._pages = pages
@@ -261,11 +294,11 @@ class LsmIndex:
         for key, raw in self._docs.items():
             if removed >= limit:
                 break
-            doc, stored_at = _decode(raw)
+            page_id = _U32.unpack(key)[0]
+            doc, stored_at = _decode(raw, page_id)
             when = _timestamp(doc.fetched_at, stored_at)
             if when >= cutoff:
                 continue
-            page_id = _U32.unpack(key)[0]
             batch.delete(key, self._cf[CF_DOCS])
             for feature in doc.features.tolist():
                 batch.delete(_FEATURE_KEY.pack(feature, page_id), self._cf[CF_FEATURES])
@@ -294,9 +327,10 @@ class LsmIndex:
         Checkpoint(self._db).create_checkpoint(str(target))
 
     def stored_docs(self) -> Any:
-        """(page id, StoredDoc) of every committed page, in id order (warming a MemoryIndex)."""
+        """(row, StoredDoc) of every committed page, in row order (warming a MemoryIndex)."""
         for key, raw in self._docs.items():
-            yield _U32.unpack(key)[0], _decode(raw)[0]
+            row = _U32.unpack(key)[0]
+            yield row, _decode(raw, row)[0]
 
     def stats(self) -> dict[str, float]:
         families = {CF_META: self._meta, CF_FEATURES: self._features, CF_EXACT: self._exact,
@@ -342,10 +376,13 @@ def _encode(doc: StoredDoc, stored_at: float) -> bytes:
                           doc.features.shape[0], doc.sketch.shape[0], len(fetched),
                           len(doc.ld_signature), len(url))
     return b"".join((head, doc.features.astype("<u8").tobytes(),
-                     doc.sketch.astype("<u4").tobytes(), fetched, doc.ld_signature, url))
+                     doc.sketch.astype("<u4").tobytes(), fetched, doc.ld_signature, url,
+                     doc.page_id.to_bytes(_ID_BYTES, "big")))
 
 
-def _decode(raw: bytes) -> tuple[StoredDoc, float]:
+def _decode(raw: bytes, row: int) -> tuple[StoredDoc, float]:
+    """A record and when it was stored; a record without a page id (format 1) has its
+    row as its id."""
     raw_fp, canonical_fp, stored_at, text_len, k, n, n_fetched, n_sig, n_url = (
         _DOC_HEAD.unpack_from(raw))
     pos = _DOC_HEAD.size
@@ -358,9 +395,11 @@ def _decode(raw: bytes) -> tuple[StoredDoc, float]:
     sig = bytes(raw[pos : pos + n_sig])
     pos += n_sig
     url = raw[pos : pos + n_url].decode("utf-8", "surrogatepass")
+    pos += n_url
+    page_id = int.from_bytes(raw[pos : pos + _ID_BYTES], "big") if len(raw) > pos else row
     doc = StoredDoc(url=url, features=features, sketch=sketch, ld_signature=sig,
                     text_length=text_len, raw_fp=raw_fp, canonical_fp=canonical_fp,
-                    fetched_at=fetched)
+                    fetched_at=fetched, page_id=page_id)
     return doc, stored_at
 
 

@@ -17,13 +17,13 @@ page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import IndexMismatchError
-from .base import CANONICAL, RAW, Plan, StoredDoc, rank_candidates
+from .base import CANONICAL, RAW, Answer, Claim, Plan, Probe, StoredDoc
 
 try:
     from ..core import _native
@@ -116,6 +116,18 @@ class SortedRunMultimap:
             out += self._mem_values(key)
         return out
 
+    def postings(self, keys: np.ndarray) -> list[list[int]]:
+        """Each key's `cap` largest values (the most recent pages), a list per key. (Each
+        run and the memtable are capped on their own, so a key may hold more.)"""
+        out = []
+        for key in keys.tolist():
+            if _native is not None:
+                values = _native.multimap_get(self._runs, self._mem, key, self.cap)
+            else:
+                values = self.get_many(np.array([key], dtype=np.uint64))
+            out.append(values if len(values) <= self.cap else sorted(values)[-self.cap:])
+        return out
+
     def values(self, key: int) -> list[int]:
         """The stored values of one key, ascending (older runs hold older ids)."""
         if _native is not None:  # no array built for one key
@@ -171,6 +183,8 @@ class MemoryIndex:
 
     def __init__(self, stamp: int, max_posting: int = 64) -> None:
         self.stamp = stamp
+        self.cap = max_posting
+        self._next_local = 0
         self._features = SortedRunMultimap(cap=max_posting, keep="last")
         # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
         self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
@@ -187,19 +201,42 @@ class MemoryIndex:
     def __len__(self) -> int:
         return len(self._docs)
 
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+        # Handles are row numbers (insertion order). A page holds each of its k features
+        # once (group ids are hashed in), so the number of times its row comes back from
+        # the posting lists is the number of features it shares.
+        out = []
+        for p in probes:
+            raw = self.first_with(RAW, p.raw_fp)
+            canonical = None
+            if raw is None and p.canonical_fp is not None:
+                canonical = self.first_with(CANONICAL, p.canonical_fp)
+            postings = [] if p.features is None else self._features.postings(p.features)
+            out.append(Answer(raw, canonical, postings, self._docs))
+        return out
+
+    def claim(self, claims: Sequence[Claim]) -> list[bool]:
+        for c in claims:
+            if c.doc is not None:
+                self.insert(c.doc)
+        return [True] * len(claims)
+
+    def local_ids(self, n: int) -> range:
+        start = self._next_local
+        self._next_local += n
+        return range(start, start + n)
+
     def first_with(self, layer: int, fingerprint: int) -> int | None:
-        for page_id in self._exact[layer].values(fingerprint):
-            doc = self._docs[page_id]
+        """The first row with this RAW or CANONICAL fingerprint (32-bit keys: confirmed
+        against the record's full fingerprint)."""
+        for row in self._exact[layer].values(fingerprint):
+            doc = self._docs[row]
             if (doc.raw_fp if layer == RAW else doc.canonical_fp) == fingerprint:
-                return page_id
+                return row
         return None
 
-    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
-        # A page holds each of its k features once (group ids are hashed in), so the
-        # number of times its id comes back is the number of features it shares.
-        return rank_candidates(self._features.get_many(features), min_shared)
-
     def insert(self, doc: StoredDoc) -> int:
+        """Store a kept page; its row."""
         page_id = len(self._docs)
         self._docs.append(doc)
         self._doc_bytes += (doc.sketch.nbytes + doc.features.nbytes + len(doc.ld_signature)
@@ -210,8 +247,8 @@ class MemoryIndex:
             self._exact[CANONICAL].add(doc.canonical_fp, page_id)
         return page_id
 
-    def doc(self, page_id: int) -> StoredDoc:
-        return self._docs[page_id]
+    def doc(self, row: int) -> StoredDoc:
+        return self._docs[row]
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         self._offsets.update(offsets or {})
@@ -230,13 +267,14 @@ class MemoryIndex:
 
     @classmethod
     def warm_from(cls, lsm: LsmIndex) -> MemoryIndex:
-        """A memory index holding every committed page of an LSM index (same page ids)."""
+        """A memory index holding every committed page of an LSM index (same rows)."""
         index = cls(lsm.stamp, lsm.max_posting)
-        for page_id, doc in lsm.stored_docs():
-            while len(index._docs) < page_id:  # ids of expired pages stay unused
+        for row, doc in lsm.stored_docs():
+            while len(index._docs) < row:  # rows of expired pages stay unused
                 index._docs.append(_GONE)
             index.insert(doc)
         index._offsets = lsm.offsets()
+        index._next_local = lsm.local_ids(0).start
         return index
 
     def stats(self) -> dict[str, float]:

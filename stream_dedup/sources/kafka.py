@@ -16,6 +16,7 @@ code all become a Rejected whose raw bytes go to the dead-letter topic.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..errors import PageError
 from ..models import Page, Rejected
@@ -37,8 +38,10 @@ def page_from_message(
     *,
     input_format: str,
     max_bytes: int,
+    position: int | None = None,
 ) -> Page | Rejected:
-    """One consumed record as a Page, or a Rejected that says why it is not one."""
+    """One consumed record as a Page, or a Rejected that says why it is not one.
+    `position`: the record's page id (models.position_id)."""
     url = _text(key)
     bad = [name for name, _ in headers if not is_utf8(name)]
     if bad:
@@ -53,7 +56,7 @@ def page_from_message(
     try:
         if input_format == "json":
             page = page_from_json(value, source)
-            return page
+            return page if position is None else replace(page, position=position)
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
         if "\ufffd" in url and key is not None:
@@ -70,6 +73,7 @@ def page_from_message(
             fetched_at=meta.get("fetched-at") or None,
             status=_status(meta.get("status")),
             source=source,
+            position=position,
         )
     except PageError as err:
         return Rejected(url, err.kind, err.message, source, value)

@@ -1,0 +1,103 @@
+"""Golden decisions on ../shared/corpora: the index seam may change, the decisions may not.
+
+The digests were recorded with the per-page index seam (first_with/candidates/doc/insert)
+before the batch seam (lookup/claim) replaced it; every backend and batch size must give
+exactly those decisions (page ids aside: they are numbered differently per backend).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from indexkit import flush_redis
+from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
+
+from stream_dedup import Settings
+from stream_dedup.models import Decision, Page
+from stream_dedup.pipeline import Deduplicator
+from stream_dedup.sources.files import iter_inputs
+
+pytestmark = [
+    pytest.mark.corpus,
+    pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here"),
+]
+
+# sha256 of the projected decisions (see `digest`), recorded at commit 93b4ad5 (646 decisions:
+# 145 unique, 224 near, 146 exact, 66 near-verified, 2 canonical, 1 verified-distinct, 62 rejects).
+GOLDEN = {
+    "default": "5e227617159e9adb18008e404eeaaa15d57863ea92c33588f52d1cf6e1f2e7da",
+    "sampled": "629742a706a6ce9bd53d3b735ec8e7cada87198c863ffa56a04fe6320e1a06af",
+}
+SETTINGS = {"default": {}, "sampled": {"verify_rate": 0.3}}
+
+
+def corpus_paths(tmp: Path) -> list[Path]:
+    """httpbis revisions (as one JSONL, in revision order), then every WARC/ARC file."""
+    jsonl = tmp / "httpbis.jsonl"
+    with open(jsonl, "w") as fh:
+        for rel in httpbis_in_revision_order():
+            body = (HTTPBIS / rel).read_bytes()
+            fh.write(json.dumps({"url": rel, "body_b64": base64.b64encode(body).decode(),
+                                 "headers": {"Content-Type": "text/html"}}) + "\n")
+    return [jsonl, *sorted(p for p in WARCS.iterdir() if p.is_file())]
+
+
+def project(d: Decision) -> tuple[object, ...]:
+    dup = d.duplicate_of.url if d.duplicate_of is not None else None
+    return (d.url, d.decision, d.reason, dup, d.shared_features,
+            None if d.resemblance is None else round(d.resemblance, 6),
+            None if d.ld_estimate is None else round(d.ld_estimate, 3), d.verified, d.short)
+
+
+def digest(decisions: list[Decision]) -> str:
+    lines = "\n".join(json.dumps(project(d)) for d in decisions)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def decide_all(paths: list[Path], settings: Settings, batch: int) -> list[Decision]:
+    """Every item in batches of `batch`: the corpus, then the corpus again as new pages."""
+    dd = Deduplicator(settings)
+    first = list(iter_inputs(paths))
+    # The corpus again, as new pages (no source: not a re-delivery): exact-layer drops.
+    items = first + [replace(i, source=None) for i in first if isinstance(i, Page)]
+    out: list[Decision] = []
+    for i in range(0, len(items), batch):
+        out += dd.check_batch(items[i : i + batch])
+    dd.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return corpus_paths(tmp_path_factory.mktemp("golden"))
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("batch", [1, 64, 1000])
+def test_memory_index_gives_the_golden_decisions(paths: list[Path], name: str,
+                                                  batch: int) -> None:
+    decisions = decide_all(paths, Settings(**SETTINGS[name]), batch)
+    assert len(decisions) > 600
+    assert digest(decisions) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_lsm_index_gives_the_golden_decisions(paths: list[Path], name: str,
+                                               tmp_path: Path) -> None:
+    settings = Settings(**SETTINGS[name], index="lsm", index_path=str(tmp_path / "idx"))
+    assert digest(decide_all(paths, settings, 64)) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+@pytest.mark.parametrize("batch", [1, 64])
+def test_redis_index_gives_the_golden_decisions(paths: list[Path], name: str, batch: int,
+                                                redis_url: str) -> None:
+    """One instance on a 3-master Redis Cluster decides exactly as the memory index."""
+    flush_redis(redis_url)
+    settings = Settings(**SETTINGS[name], index="redis", redis_url=redis_url)
+    assert digest(decide_all(paths, settings, batch)) == GOLDEN[name]

@@ -1,0 +1,39 @@
+"""Four instances (separate processes) on one Redis Cluster decide 3,000 groups of four
+mutual duplicates, one member each, batch for batch at the same moments, with a random
+pause before every round trip (tests/racekit.py). What must never happen is counted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from indexkit import flush_redis
+from racekit import race
+
+GROUPS = 3_000
+
+
+@pytest.mark.parametrize("run", [1, 2])
+def test_instances_racing_keep_one_of_each_group_and_never_two(redis_url: str, run: int,
+                                                               tmp_path: Path) -> None:
+    flush_redis(redis_url)
+    out = race(redis_url, GROUPS, tmp_path)
+    assert out.decided == 4 * GROUPS
+    assert (out.double_keeps, out.empty_groups, out.dangling) == (0, 0, 0), out
+    assert out.waits + out.lost > 0, f"no race happened: the test proved nothing ({out})"
+
+
+def test_an_instance_killed_mid_run_and_delivered_again_changes_no_decision(
+        redis_url: str, tmp_path: Path) -> None:
+    flush_redis(redis_url)
+    out = race(redis_url, GROUPS, tmp_path, kill=1)
+    assert out.redelivered >= GROUPS // 3  # decided before the SIGKILL, then again
+    assert (out.double_keeps, out.empty_groups, out.dangling, out.changed) == (0, 0, 0, 0), out
+
+
+def test_without_a_shared_index_the_same_race_keeps_duplicates(redis_url: str,
+                                                               tmp_path: Path) -> None:
+    """The control: each instance with its own memory index keeps most of every group (the
+    count above can fail)."""
+    out = race(redis_url, 300, tmp_path, index="memory")
+    assert out.double_keeps > 300

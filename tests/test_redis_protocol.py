@@ -1,0 +1,154 @@
+"""The shared-index protocol, one interleaving at a time, against a real Redis Cluster.
+
+Two instances (two RedisIndex clients) decide two near-duplicates: `old` (the smaller page
+id) and `young`. Each test fixes an order of their steps (lookup = register + read + peek,
+then the pure decide step, then claim) that breaks a weaker protocol; tests/test_race.py
+then runs thousands of groups at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from indexkit import flush_redis
+
+from stream_dedup import Settings
+from stream_dedup.decide import Analysis, Verdict, decide_batch
+from stream_dedup.index import RAW
+from stream_dedup.index.base import WAIT, Answer, Claim
+from stream_dedup.index.redis import RedisIndex
+from stream_dedup.models import Page, position_id
+from stream_dedup.pipeline import Analyzer, _probe
+
+SETTINGS = Settings()
+OLD, YOUNG = position_id(1_000, 0, 5), position_id(1_001, 1, 9)
+TEXT = " ".join(f"word{i % 97}x{i}" for i in range(300))
+
+
+def analysis(url: str, text: str) -> Analysis:
+    return Analyzer(SETTINGS).analyze(Page(url, f"<p>{text}</p>".encode(),
+                                           (("Content-Type", "text/html"),)))
+
+
+@pytest.fixture
+def two(redis_url: str) -> Iterator[tuple[RedisIndex, RedisIndex]]:
+    flush_redis(redis_url)
+    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp) for _ in range(2))
+    yield a, b
+    a.close()
+    b.close()
+
+
+OLD_PAGE = analysis("http://x/old", TEXT)
+YOUNG_PAGE = analysis("http://x/young", TEXT.replace("word5x5", "other"))
+
+
+def ask(index: RedisIndex, a: Analysis, pid: int) -> Answer:
+    return index.lookup([_probe(a, pid)])[0]
+
+
+def decide(a: Analysis, pid: int, answer: Answer) -> Verdict:
+    return decide_batch([a], [pid], [answer], SETTINGS)[0]
+
+
+def claim(index: RedisIndex, a: Analysis, pid: int, v: Verdict) -> bool:
+    return index.claim([Claim(_probe(a, pid), v.doc, v.decision, v.depends_on)])[0]
+
+
+def finish(index: RedisIndex, a: Analysis, pid: int) -> Verdict:
+    """Ask, decide and claim until a claim holds (what the deduplicator's loop does)."""
+    for _ in range(20):
+        answer = ask(index, a, pid)
+        assert answer.prior != WAIT
+        if answer.prior is not None:
+            return Verdict(answer.prior)
+        v = decide(a, pid, answer)
+        if claim(index, a, pid, v):
+            return v
+    raise AssertionError("no claim held in 20 rounds")
+
+
+def test_a_younger_page_that_read_first_is_flagged_and_decides_again(two) -> None:  # type: ignore[no-untyped-def]
+    """young reads before old registers (sees nothing); old reads and sees young pending:
+    old goes on as if young were not there, so young must not be kept unread again."""
+    a, b = two
+    young_answer = ask(b, YOUNG_PAGE, YOUNG)
+    old = finish(a, OLD_PAGE, OLD)
+    assert old.decision.decision == "keep"
+    young = decide(YOUNG_PAGE, YOUNG, young_answer)
+    assert young.decision.decision == "keep"  # on what it read: nothing
+    assert not claim(b, YOUNG_PAGE, YOUNG, young), "the flag must stop this keep"
+    again = finish(b, YOUNG_PAGE, YOUNG)
+    assert (again.decision.decision, again.decision.duplicate_of.page_id) == ("drop", OLD)
+
+
+def test_a_page_that_sees_an_older_one_pending_waits_for_it(two) -> None:  # type: ignore[no-untyped-def]
+    """old reads first (sees nothing); young reads while old is pending: young waits, and
+    is decided against old once old is kept."""
+    a, b = two
+    old_answer = ask(a, OLD_PAGE, OLD)
+    assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
+    old = decide(OLD_PAGE, OLD, old_answer)
+    assert claim(a, OLD_PAGE, OLD, old) and old.decision.decision == "keep"
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert (young.decision.decision, young.decision.duplicate_of.page_id) == ("drop", OLD)
+
+
+def test_a_page_delivered_again_gets_its_decision_back(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    first = finish(a, OLD_PAGE, OLD)
+    finish(b, YOUNG_PAGE, YOUNG)
+    again = ask(b, OLD_PAGE, OLD)  # another instance, after a rebalance
+    assert again.prior is not None and again.prior.page_id == first.decision.page_id
+    assert again.prior.decision == "keep"
+    dropped = ask(a, YOUNG_PAGE, YOUNG).prior
+    assert (dropped.decision, dropped.duplicate_of.page_id) == ("drop", OLD)
+
+
+def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
+        two, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from stream_dedup.index import redis as module
+
+    a, b = two
+    monkeypatch.setattr(module, "LEASE_MS", 300)
+    ask(a, OLD_PAGE, OLD)  # registered, then its instance is gone
+    assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
+    time.sleep(0.4)
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert young.decision.decision == "keep"
+    # The old page delivered again (to any instance) is decided against the kept one.
+    old = finish(a, OLD_PAGE, OLD)
+    assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
+
+
+def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
+    """--retention-days: a page's keys and record go `retention` after its crawl time (the
+    time in its id); an old member leaves a set when a new page joins it."""
+    from indexkit import first_with, keep
+    from test_index import _doc
+
+    flush_redis(redis_url)
+    index = RedisIndex(redis_url, 1, retention_days=1)
+    now_ms = int(time.time() * 1000)
+    fresh, old = position_id(now_ms, 0, 1), position_id(now_ms - 3 * 86_400_000, 0, 2)
+    keep(index, _doc([7, 8], raw=1, canon=1), fresh)
+    keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
+    client = index.client
+    assert 86_400 - 60 < client.ttl(b"R" + (1).to_bytes(8, "big")) <= 86_400
+    assert 3_600 - 60 < client.ttl(b"R" + (2).to_bytes(8, "big")) <= 3_600
+    assert 86_400 - 60 < client.ttl(b"P" + fresh.to_bytes(13, "big")) <= 86_400
+    # The feature both share lives as long as its newest page.
+    assert 86_400 - 60 < client.ttl(b"F" + (7).to_bytes(8, "big")) <= 86_400
+    keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
+    members = client.zrange(b"F" + (7).to_bytes(8, "big"), 0, -1)
+    assert old.to_bytes(13, "big") not in members and fresh.to_bytes(13, "big") in members
+    index.close()
+
+    short = RedisIndex(redis_url, 1, retention_days=2 / 86_400)  # a 2-second window
+    keep(short, _doc([11], raw=11, canon=11), position_id(int(time.time() * 1000), 0, 4))
+    assert first_with(short, RAW, 11) is not None
+    time.sleep(3.0)
+    assert first_with(short, RAW, 11) is None  # forgotten: a copy now would be kept
+    short.close()

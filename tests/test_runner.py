@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,7 +21,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 from aiokafka.structs import ConsumerRecord
-from opskit import _WORDS, html
+from opskit import _WORDS, free_redis_ports, html
 
 from stream_dedup import Deduplicator, Page, Settings
 from stream_dedup.edges import Crash, Faults, ListSink, ListSource
@@ -305,11 +307,11 @@ class FlakyIndex:
         if not callable(attr) or name in ("stats", "close"):
             return attr
 
-        def call(*args: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             if self.failures > 0:
                 self.failures -= 1
                 raise IndexUnavailable("127.0.0.1:7001 is down")
-            return attr(*args)
+            return attr(*args, **kwargs)
         return call
 
 
@@ -365,3 +367,52 @@ def test_a_stop_while_the_index_is_unavailable_abandons_the_batch_uncommitted() 
     assert asyncio.run(go()) < 2.0
     assert sink.decisions == [] and source.committed == {}
     assert runner.stats.abandoned == 6 and not runner.index_ok
+
+
+@pytest.mark.redis
+def test_a_redis_index_that_goes_down_holds_the_batch_until_it_is_back(tmp_path: Path) -> None:
+    """A real Redis (deploy/redis-local, one node) stops under the runner: the batch waits,
+    nothing of it out or committed, the runner not ready; Redis starts again (empty, as a
+    node without persistence comes back) and the batch goes through, decided as a memory
+    index decides it."""
+    script = str(Path(__file__).resolve().parents[1] / "deploy" / "redis-local")
+    env = {**os.environ, "REDIS_LOCAL_PORT": str(free_redis_ports(1))}
+
+    def redis(*args: str) -> str:
+        out = subprocess.run([script, *args, str(tmp_path / "redis")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip()
+
+    streams = page_streams(4)
+    expected = ListSink()
+    memory = Settings(batch_size=100)
+    asyncio.run(run_list(memory, ListSource(streams), expected, Deduplicator(memory)))
+    url = redis("start", "--single").splitlines()[-1]
+    try:
+        settings = Settings(index="redis", redis_url=url, batch_size=100)
+        dedup = Deduplicator(settings)
+        redis("stop")
+        source, sink = ListSource(streams), ListSink()
+        runner = Runner(settings, dedup, source, sink)
+
+        async def go() -> tuple[int, dict[str, int]]:
+            task = asyncio.create_task(runner.run(asyncio.Event()))
+            for _ in range(600):
+                if not runner.index_ok or task.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert not runner.index_ok, "the runner never saw the index down"
+            await asyncio.sleep(1.0)  # a few retries
+            held = len(sink.decisions), dict(source.committed)
+            await asyncio.to_thread(redis, "start", "--single")
+            await asyncio.wait_for(task, 60)
+            return held
+
+        assert asyncio.run(go()) == (0, {})
+        dedup.close()
+    finally:
+        redis("stop")
+    assert runner.index_ok and source.committed == {S0: 4, S1: 4}
+    assert [(d.decision, d.reason) for d in sink.decisions] == [
+        (d.decision, d.reason) for d in expected.decisions]

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -361,10 +362,16 @@ def test_a_stop_while_the_index_is_unavailable_abandons_the_batch_uncommitted() 
         stop = asyncio.Event()
         asyncio.get_running_loop().call_later(0.5, stop.set)
         started = time.monotonic()
-        await asyncio.wait_for(runner.run(stop), 10)
+        await runner.run(stop)
         return time.monotonic() - started
 
-    assert asyncio.run(go()) < 2.0
+    took: list[float] = []  # in a thread: a runner that never stops fails the test, not hangs it
+    threading.Thread(target=lambda: took.append(asyncio.run(go())), daemon=True).start()
+    for _ in range(100):
+        if took:
+            break
+        time.sleep(0.1)
+    assert took and took[0] < 2.0
     assert sink.decisions == [] and source.committed == {}
     assert runner.stats.abandoned == 6 and not runner.index_ok
 

@@ -107,7 +107,8 @@ def _index_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--index-path", metavar="DIR", help="the LSM index directory")
     g.add_argument("--redis-url", metavar="URL",
                    help="redis: any node of a Redis Cluster (the rest is discovered) or a "
-                   "single Redis or Kvrocks, e.g. redis://127.0.0.1:7000")
+                   "single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
+                   "comma-separated, so a start does not depend on one node")
     g.add_argument("--warm-from", metavar="DIR",
                    help="start a memory index with the pages of an LSM index (a snapshot)")
     g.add_argument("--retention-days", type=float, metavar="DAYS",

@@ -62,6 +62,9 @@ STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0
 # From consumption: well under a second; from the crawler's fetch: minutes to hours.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
                    900.0, 3600.0, 4 * 3600.0, 86400.0)
+# A shared index's round trip: a pipelined batch of commands, tenths of a ms to tens of ms.
+REDIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+REDIS_OPERATIONS = ("register", "read", "peek", "docs", "claim", "count", "stats", "ping")
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                   30.0)
 # Index statistics can cost O(pages) (the memory index sums its documents): refresh them at
@@ -124,6 +127,16 @@ class Metrics:
         self.lag = Gauge("stream_dedup_kafka_consumer_lag", "Records in the partition not yet "
                          "processed (highwater - position), per assigned partition",
                          ["topic", "partition"], registry=r)
+        self.redis_seconds = Histogram("stream_dedup_redis_seconds", "Seconds a round trip to "
+                                       "the shared Redis index took, by operation (a pipelined "
+                                       "batch of commands)", ["operation"],
+                                       buckets=REDIS_BUCKETS, registry=r)
+        self.redis_errors = Counter("stream_dedup_redis_errors", "Failed round trips to the "
+                                    "shared Redis index, by operation (the batch is decided "
+                                    "again)", ["operation"], registry=r)
+        for op in REDIS_OPERATIONS:  # zero without a Redis index: dashboards stay whole
+            self.redis_seconds.labels(op)
+            self.redis_errors.labels(op)
         self.commit_seconds = Histogram("stream_dedup_kafka_commit_seconds", "Seconds to commit "
                                         "a batch's offsets (retries included)",
                                         buckets=COMMIT_BUCKETS, registry=r)
@@ -202,6 +215,12 @@ class Metrics:
 
     def redelivered(self, decision: Decision) -> None:
         self.redelivered_pages.inc()
+
+    def redis_call(self, operation: str, seconds: float, failed: bool) -> None:
+        """A round trip to the Redis index (RedisIndex's `observe`)."""
+        self.redis_seconds.labels(operation).observe(seconds)
+        if failed:
+            self.redis_errors.labels(operation).inc()
 
     def batch(self, index: FeatureIndex) -> None:
         self.index_pages.set(len(index))

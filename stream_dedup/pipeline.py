@@ -211,9 +211,10 @@ class Deduplicator:
         self.settings = settings or Settings()
         self.analyzer = Analyzer(self.settings)
         s = self.settings
-        self.index: FeatureIndex = index if index is not None else index_for(s)
-        self.counters = Counters()
         self.observer: Observer = observer or NullObserver()
+        self.index: FeatureIndex = index if index is not None else index_for(
+            s, getattr(self.observer, "redis_call", None))
+        self.counters = Counters()
         # Serializes everything that reads or changes the index, counters and _recent.
         self.lock = threading.RLock()
         # Decisions by input position: a page delivered again (Kafka re-delivers what was
@@ -277,11 +278,8 @@ class Deduplicator:
             ids = [p.position if p.position is not None else next(local) for _, p in pages]
             fps = [raw_fingerprint(p.body) for _, p in pages]
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
-            stored = self.index.lookup(
-                [Probe(pid, fp, None, None) for pid, fp in zip(ids, fps, strict=True)],
-                register=False)
-        analyses = self._analyse([p for _, p in pages], fps, [a.raw is not None for a in stored],
-                                 pool)
+            stored = self.index.stored(fps)
+        analyses = self._analyse([p for _, p in pages], fps, stored, pool)
         with self.lock:
             self._decide(pages, ids, analyses, out, times, fresh)
             for item, d, t, new in zip(items, out, times, fresh, strict=True):

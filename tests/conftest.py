@@ -67,3 +67,16 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                              {"REDIS_LOCAL_PORT": str(free_redis_ports(3)),
                               "REDIS_LOCAL_MODE": "cluster", "REDIS_LOCAL_REPLICAS": "0"},
                              timeout=120)
+
+
+@pytest.fixture
+def redis_with_replicas(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Redis Cluster of 3 masters and 3 replicas of the test's own (it kills a master):
+    its address and its deploy/redis-local directory."""
+    directory = tmp_path / "redis-replicas"
+    started = _deploy_local("redis-local", "a Redis Cluster with replicas", directory,
+                            {"REDIS_LOCAL_PORT": str(free_redis_ports(6)),
+                             "REDIS_LOCAL_MODE": "cluster", "REDIS_LOCAL_REPLICAS": "1"},
+                            timeout=180)
+    yield next(started), directory
+    next(started, None)  # stop it

@@ -19,13 +19,14 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 MEMBERS = 4
 T0 = 1_790_000_000_000  # ms: the groups' "crawl times" start here, a millisecond apart
 BATCH = 25
-JITTER_S = 0.004
+JITTER_S = 0.015
 _WORDS = [f"w{i}x{(i * 7919) % 1013}" for i in range(6000)]
 
 
@@ -82,12 +83,31 @@ def worker(url: str, instance: int, groups: int, out: Path, start_at: float, pac
         for b, i in enumerate(range(0, len(pages), BATCH)):
             time.sleep(max(0.0, start_at + b * pace - time.time()))
             batch = pages[i : i + BATCH]
-            for page, d in zip(batch, dd.check_batch(batch), strict=True):
+            for page, d in zip(batch, decide_retrying(dd, batch), strict=True):
                 dup = d.duplicate_of.page_id if d.duplicate_of else None
                 fh.write(json.dumps([page.position, d.decision, d.reason, dup]) + "\n")
             fh.flush()
     stats = {k: getattr(dd.index, k, 0) for k in ("waits", "lost", "round_trips")}
+    stats["retries"] = RETRIES[0]
     print(json.dumps(stats), flush=True)
+
+
+RETRIES = [0]
+
+
+def decide_retrying(dd: object, batch: list[object]) -> list[object]:
+    """What the runner does with an index that cannot answer (a failover): the same batch
+    again after a pause, nothing written until it is decided."""
+    from stream_dedup.errors import IndexUnavailable
+
+    delay = 0.1
+    while True:
+        try:
+            return dd.check_batch(batch)  # type: ignore[attr-defined, no-any-return]
+        except IndexUnavailable:
+            RETRIES[0] += 1
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def start(url: str, instance: int, groups: int, out: Path, start_at: float, pace: float,
@@ -104,6 +124,7 @@ class Outcome:
     empty_groups: int = 0  # groups with no member kept
     dangling: int = 0  # drops whose duplicate_of is not a kept page
     changed: int = 0  # pages decided twice (re-delivery) with another decision
+    retries: int = 0  # batches decided again because the index could not answer
     waits: int = 0  # pages that waited for an older page decided by another instance
     lost: int = 0  # claims lost to a concurrent instance (decided again)
     redelivered: int = 0  # pages the killed instance had decided, decided again
@@ -162,9 +183,11 @@ def _duplicates(a: object, b: object, settings: object) -> bool:
 
 
 def race(url: str, groups: int, tmp: Path, *, kill: int | None = None,
-         index: str = "redis", pace: float = 0.06) -> Outcome:
+         index: str = "redis", pace: float = 0.1,
+         fault: Callable[[], None] | None = None) -> Outcome:
     """Every instance at once, batch for batch; with `kill`, that instance is SIGKILLed
-    mid-run and started again over its whole input (its pages are delivered again)."""
+    mid-run and started again over its whole input (its pages are delivered again); with
+    `fault`, it is called once 40 % of the way through (e.g. to kill a Redis primary)."""
     files = [tmp / f"instance{m}.jsonl" for m in range(MEMBERS)]
     start_at = time.time() + 4.0  # every process started and warm
     procs = [start(url, m, groups, files[m], start_at, pace, index) for m in range(MEMBERS)]
@@ -178,18 +201,23 @@ def race(url: str, groups: int, tmp: Path, *, kill: int | None = None,
         again = tmp / f"instance{kill}-again.jsonl"
         procs[kill] = start(url, kill, groups, again, time.time(), 0.0, index)
         files[kill] = again
-    waits = lost = 0
+    if fault is not None:
+        while not files[0].exists() or len(read(files[0])) < groups * 2 // 5:
+            time.sleep(0.05)
+        fault()
+    waits = lost = retries = 0
     for p in procs:
         stdout, _ = p.communicate(timeout=900)
         assert p.returncode == 0, f"an instance failed (exit {p.returncode})"
         stats = json.loads(stdout.strip().splitlines()[-1])
         waits += stats["waits"]
         lost += stats["lost"]
+        retries += stats["retries"]
     decisions: dict[int, list[object]] = {}
     for f in files:
         decisions.update(read(f))
     out = check(groups, decisions, earlier)
-    out.waits, out.lost, out.redelivered = waits, lost, len(earlier)
+    out.waits, out.lost, out.retries, out.redelivered = waits, lost, retries, len(earlier)
     return out
 
 

@@ -5,9 +5,13 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from opskit import reordered_pair, samples
+import pytest
+import redis
+from indexkit import flush_redis
+from opskit import free_port, reordered_pair, samples
 
 from stream_dedup import Deduplicator, Page, Rejected, Settings
+from stream_dedup.errors import IndexUnavailable
 from stream_dedup.metrics import Metrics
 from stream_dedup.pipeline import NullObserver, StageTimes
 from stream_dedup.sample import build
@@ -121,3 +125,23 @@ def test_read_only_checks_from_another_thread_do_not_disturb_a_batch() -> None:
         thread.join()
     assert not errors
     assert got == expected
+
+
+def test_redis_round_trips_and_failures_are_measured_by_operation(redis_url: str) -> None:
+
+
+    flush_redis(redis_url)
+    settings = Settings(index="redis", redis_url=redis_url)
+    metrics = Metrics(settings)
+    dd = Deduplicator(settings, observer=metrics)
+    dd.check_batch([p for p in _mixed() if isinstance(p, Page)][:10])
+    text = metrics.exposition()[0].decode()
+    counts = samples(text, "stream_dedup_redis_seconds_count")
+    for op in ("register", "read", "claim"):
+        assert counts[f'{{operation="{op}"}}'] >= 1, op
+    assert sum(samples(text, "stream_dedup_redis_errors_total").values()) == 0
+    dd.index.client = redis.Redis(port=free_port(), socket_connect_timeout=0.5)  # type: ignore[attr-defined]
+    with pytest.raises(IndexUnavailable, match="Redis read failed"):
+        dd.check_batch([Page("http://new/", b"<p>not stored yet</p>")])
+    text = metrics.exposition()[0].decode()
+    assert samples(text, "stream_dedup_redis_errors_total")['{operation="read"}'] == 1

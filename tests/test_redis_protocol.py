@@ -18,7 +18,7 @@ from stream_dedup import Settings
 from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
-from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis import RedisIndex, record_key, set_key
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 
@@ -136,13 +136,13 @@ def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
     keep(index, _doc([7, 8], raw=1, canon=1), fresh)
     keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
     client = index.client
-    assert 86_400 - 60 < client.ttl(b"R" + (1).to_bytes(8, "big")) <= 86_400
-    assert 3_600 - 60 < client.ttl(b"R" + (2).to_bytes(8, "big")) <= 3_600
-    assert 86_400 - 60 < client.ttl(b"P" + fresh.to_bytes(13, "big")) <= 86_400
+    assert 86_400 - 60 < client.ttl(set_key(b"R", 1)) <= 86_400
+    assert 3_600 - 60 < client.ttl(set_key(b"R", 2)) <= 3_600
+    assert 86_400 - 60 < client.ttl(record_key(fresh)) <= 86_400
     # The feature both share lives as long as its newest page.
-    assert 86_400 - 60 < client.ttl(b"F" + (7).to_bytes(8, "big")) <= 86_400
+    assert 86_400 - 60 < client.ttl(set_key(b"F", 7)) <= 86_400
     keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
-    members = client.zrange(b"F" + (7).to_bytes(8, "big"), 0, -1)
+    members = client.zrange(set_key(b"F", 7), 0, -1)
     assert old.to_bytes(13, "big") not in members and fresh.to_bytes(13, "big") in members
     index.close()
 

@@ -111,6 +111,11 @@ class FeatureIndex(Protocol):
         claim, False if it was lost to a concurrent instance (decide that page again)."""
         ...
 
+    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
+        """Whether a page with each raw fingerprint may be held: a hint that spares an
+        exact copy its analysis (a wrong hint costs one analysis later, never a decision)."""
+        ...
+
     def local_ids(self, n: int) -> range:
         """Page ids for n pages without an input position (replay, the library)."""
         ...

@@ -221,6 +221,9 @@ class MemoryIndex:
                 self.insert(c.doc)
         return [True] * len(claims)
 
+    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
+        return [self.first_with(RAW, fp) is not None for fp in raw_fps]
+
     def local_ids(self, n: int) -> range:
         start = self._next_local
         self._next_local += n

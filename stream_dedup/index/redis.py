@@ -30,10 +30,12 @@ Every key expires `retention_days` after the crawl time of the newest page in it
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import struct
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -43,7 +45,12 @@ import numpy as np
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import (
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.retry import Retry
 
 from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
@@ -55,6 +62,12 @@ log = logging.getLogger("stream_dedup.index")
 ID_BYTES = 13  # 98-bit ids (models.position_id)
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
+CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
+# Keys are spread over SHARDS hash tags: a round is one script call per shard it touches,
+# and a cluster can spread the index over up to SHARDS slots (nodes). Part of the layout:
+# every instance must agree (it is stored with the stamp).
+SHARDS = 256
+FORMAT = 1
 _STAMP, _PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 _READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skipped
 # raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
@@ -62,63 +75,143 @@ _READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skip
 _DOC_HEAD = struct.Struct("<QQIHI")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 
-# KEYS[1] = the page's record. ARGV = lease in ms, expiry (epoch s, 0: none). Absent, or
-# PENDING (an attempt that did not finish): PENDING again with a new lease; returns the
-# state it found, and the decision if it is final.
-_REGISTER = """
-local s = redis.call('HGET', KEYS[1], 's')
-if s and string.sub(s, 1, 1) ~= 'P' then return {s, redis.call('HGET', KEYS[1], 'j')} end
+# Every script works on many keys of ONE shard (keys share a hash tag, so a cluster runs it
+# on one node): ARGV holds `n` values per key, in KEYS order. A round of the protocol is one
+# pipelined call per shard it touches, not one command per key.
+_LUA_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 's', 'P' .. tostring(now + tonumber(ARGV[1])))
-if tonumber(ARGV[2]) > 0 then redis.call('EXPIREAT', KEYS[1], ARGV[2]) end
-return {s or '', false}
 """
 
-# KEYS[1] = another page's record; ARGV[1] = 1 to flag it if it is PENDING. Returns its
-# state: "K", "D", "P" (pending within its lease) or "" (absent, or its lease ran out).
-_PEEK = """
-local s = redis.call('HGET', KEYS[1], 's')
-if not s then return '' end
-local c = string.sub(s, 1, 1)
-if c ~= 'P' then return c end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if tonumber(string.sub(s, 2)) < now then return '' end
-if ARGV[1] == '1' then redis.call('HSET', KEYS[1], 'f', '1') end
-return 'P'
+# Sets; per key: member, cutoff ('' none: members below it go first), expiry (epoch s, '0'
+# none: the set lives as long as its newest page).
+_JOIN = """
+for i, key in ipairs(KEYS) do
+  local m, cutoff, at = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if cutoff ~= '' then redis.call('ZREMRANGEBYLEX', key, '-', '(' .. cutoff) end
+  redis.call('ZADD', key, 0, m)
+  if at ~= '0' then
+    redis.call('EXPIREAT', key, at, 'NX')
+    redis.call('EXPIREAT', key, at, 'GT')
+  end
+end
+return #KEYS
 """
 
-# KEYS[1] = the page's record; ARGV = state (K or D), decision JSON, record (keeps).
-# Only from PENDING within the lease and unflagged (a flag is cleared: read again).
-_FINISH = """
-local s = redis.call('HGET', KEYS[1], 's')
-if not s or string.sub(s, 1, 1) ~= 'P' then return s or '' end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-if tonumber(string.sub(s, 2)) < now then return 'late' end
-if redis.call('HDEL', KEYS[1], 'f') == 1 then return 'flagged' end
-redis.call('HSET', KEYS[1], 's', ARGV[1], 'j', ARGV[2])
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], 'd', ARGV[3]) end
-return 'ok'
+# Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest.
+_READ = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local n, newest = ARGV[2 * i - 1], ARGV[2 * i]
+  if newest == '1' then
+    out[i] = redis.call('ZRANGE', key, '+', '-', 'BYLEX', 'REV', 'LIMIT', 0, n)
+  else
+    out[i] = redis.call('ZRANGE', key, '-', '+', 'BYLEX', 'LIMIT', 0, n)
+  end
+end
+return out
 """
+
+# Sets; per key: the member that leaves (a dropped page).
+_LEAVE = """
+for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[i]) end
+return #KEYS
+"""
+
+# Records; per key: lease (ms), expiry (epoch s, '0' none). Absent, or PENDING (an attempt
+# that did not finish): PENDING again with a new lease. Returns per key the state found
+# and the decision if it is final.
+_REGISTER = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  if s and string.sub(s, 1, 1) ~= 'P' then
+    out[i] = {s, redis.call('HGET', key, 'j')}
+  else
+    redis.call('HSET', key, 's', 'P' .. tostring(now + tonumber(ARGV[2 * i - 1])))
+    if ARGV[2 * i] ~= '0' then redis.call('EXPIREAT', key, ARGV[2 * i]) end
+    out[i] = {s or '', false}
+  end
+end
+return out
+"""
+
+# Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
+# saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
+# within its lease) or "" (absent, or its lease ran out).
+_PEEK = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  local c = s and string.sub(s, 1, 1) or ''
+  if c == 'P' then
+    if tonumber(string.sub(s, 2)) < now then
+      c = ''
+    elseif ARGV[i] == '1' then
+      redis.call('HSET', key, 'f', '1')
+    end
+  end
+  out[i] = c
+end
+return out
+"""
+
+# Records; per key: state (K or D), decision JSON, verification record ('' for a drop).
+# Only from PENDING within the lease and unflagged; a flag is cleared (read again).
+# Returns per key "ok", "flagged", "late" or the state found.
+_FINISH = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  if not s or string.sub(s, 1, 1) ~= 'P' then
+    out[i] = s or ''
+  elseif tonumber(string.sub(s, 2)) < now then
+    out[i] = 'late'
+  elseif redis.call('HDEL', key, 'f') == 1 then
+    out[i] = 'flagged'
+  else
+    redis.call('HSET', key, 's', ARGV[3 * i - 2], 'j', ARGV[3 * i - 1])
+    if ARGV[3 * i] ~= '' then redis.call('HSET', key, 'd', ARGV[3 * i]) end
+    out[i] = 'ok'
+  end
+end
+return out
+"""
+
+# Records; the verification record of each (false: gone).
+_RECORDS = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'd') end
+return out
+"""
+
+SCRIPTS = {"join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER,
+           "peek": _PEEK, "finish": _FINISH, "records": _RECORDS}
 
 
 def id_bytes(page_id: int) -> bytes:
     return page_id.to_bytes(ID_BYTES, "big")
 
 
-def _record_key(page_id: int) -> bytes:
-    return b"P" + id_bytes(page_id)
+def _tag(shard: int) -> bytes:
+    return b"{%d}" % shard
+
+
+def record_key(page_id: int) -> bytes:
+    return _tag(page_id % SHARDS) + b"P" + id_bytes(page_id)
+
+
+def set_key(kind: bytes, value: int) -> bytes:
+    return _tag(value % SHARDS) + kind + value.to_bytes(8, "big")
 
 
 def probe_keys(p: Probe) -> list[bytes]:
     """The sorted sets a page joins: raw, canonical (if it has text), one per feature."""
-    keys = [b"R" + p.raw_fp.to_bytes(8, "big")]
+    keys = [set_key(b"R", p.raw_fp)]
     if p.canonical_fp is not None:
-        keys.append(b"C" + p.canonical_fp.to_bytes(8, "big"))
+        keys.append(set_key(b"C", p.canonical_fp))
     if p.features is not None:
-        keys += [b"F" + f.to_bytes(8, "big") for f in p.features.tolist()]
+        keys += [set_key(b"F", f) for f in p.features.tolist()]
     return keys
 
 
@@ -159,19 +252,28 @@ def decode_decision(raw: bytes) -> Decision:
 
 
 def connect(url: str) -> redis.Redis | RedisCluster:
-    """A cluster client when the node at `url` is in cluster mode, else a plain one."""
-    try:
-        plain = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-        enabled = plain.info("cluster").get("cluster_enabled", 0)
-    except (RedisError, ValueError) as exc:
-        raise ConfigError(f"cannot reach Redis at {url}: {exc}") from None
-    if not enabled:
-        return plain
-    plain.close()
-    # Few, quick retries here (a moved slot, a reconnect); a longer outage is the runner's
-    # to wait out, batch by batch (IndexUnavailable).
-    return RedisCluster.from_url(url, socket_timeout=5, socket_connect_timeout=5,
-                                 retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+    """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
+    may list several seeds, comma-separated (redis://a:7000,redis://b:7000): the first that
+    answers is used (a cluster's client learns the other nodes from it)."""
+    errors = []
+    for seed in (u.strip() for u in url.split(",") if u.strip()):
+        try:
+            plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5)
+            enabled = plain.info("cluster").get("cluster_enabled", 0)
+        except (RedisError, ValueError) as exc:
+            errors.append(f"{seed}: {exc}")
+            continue
+        if not enabled:
+            return plain
+        plain.close()
+        # Few, quick retries here (a moved slot, a reconnect); a longer outage is the
+        # runner's to wait out, batch by batch (IndexUnavailable).
+        try:
+            return RedisCluster.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
+                                         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+        except (RedisError, RedisClusterException) as exc:
+            errors.append(f"{seed}: {exc}")
+    raise ConfigError(f"cannot reach Redis at {url}: {'; '.join(errors) or 'no address'}")
 
 
 Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
@@ -194,8 +296,14 @@ class RedisIndex:
         # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
         self.round_trips = self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
-        self._local = iter(())  # type: Iterator[int]
+        # A final state never changes, nor a kept page's record: both are cached (bounded;
+        # a page gone by retention drops out when its record is found missing).
+        self._final: OrderedDict[int, str] = OrderedDict()
+        self._records: OrderedDict[int, StoredDoc] = OrderedDict()
+        self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SCRIPTS.items()}
         self._check_stamp()
+        with self._call("stamp"):
+            self._load_scripts()
 
     # --- the protocol -----------------------------------------------------------------
     def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
@@ -242,10 +350,26 @@ class RedisIndex:
         self.waits += len(waiting)
         self._wait(waiting, {p.page_id for p in probes} - waiting)
         docs = self._docs(list(need))
+        while len(docs) < len(need):  # some page expired meanwhile: it is not there
+            need = {h: None for answer in out if answer.prior is None
+                    for h in self._without(answer, docs, need)}
+            docs.update(self._docs([h for h in need if h not in docs]))
         for answer in out:
             if answer.prior is None:
                 answer.docs = docs
         return out
+
+    def _without(self, answer: Answer, docs: Mapping[int, StoredDoc],
+                 asked: Mapping[int, None]) -> list[int]:
+        """Take the pages whose records were asked for and missing out of `answer`; the
+        records it needs now."""
+        gone = {h for h in asked if h not in docs}
+        if answer.raw in gone:
+            answer.raw = None
+        if answer.canonical in gone:
+            answer.canonical = None
+        answer.postings = [[h for h in ids if h not in gone] for ids in answer.postings]
+        return self._wanted(answer)
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
         won = [False] * len(claims)
@@ -262,6 +386,12 @@ class RedisIndex:
             with self._call("count"):
                 self.client.incrby(_PAGES, kept)
         return won
+
+    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
+        """Whether a page with each raw fingerprint may be held (a hint: one round trip)."""
+        with self._call("read"):
+            found = self._rounds(("read", [(set_key(b"R", fp), (1, 0)) for fp in raw_fps]))
+        return [bool(members) for members in found[0]]
 
     def local_ids(self, n: int) -> range:
         """Ids for pages without an input position: the clock at the first call, a random
@@ -288,61 +418,43 @@ class RedisIndex:
 
     def _register(self, probes: Sequence[Probe], keys: list[list[bytes]]) -> list[Any]:
         retention = self.retention_s
-        cutoff = b"(" + id_bytes(position_id(int(time.time() * 1000) - retention * 1000, 0, 0))
+        cutoff = b""
+        if retention:
+            cutoff = id_bytes(position_id(int(time.time() * 1000) - retention * 1000, 0, 0))
+        joins, records = [], []
+        for p, page_keys in zip(probes, keys, strict=True):
+            at = self.expire_at(p.page_id)
+            records.append((record_key(p.page_id), (LEASE_MS, at)))
+            member = id_bytes(p.page_id)
+            joins += [(key, (member, cutoff, at)) for key in page_keys]
         with self._call("register"):
-            pipe = self.client.pipeline(transaction=False)
-            for p, page_keys in zip(probes, keys, strict=True):
-                at = self.expire_at(p.page_id)
-                pipe.execute_command("EVAL", _REGISTER, 1, _record_key(p.page_id), LEASE_MS, at)
-                member = id_bytes(p.page_id)
-                for key in page_keys:
-                    if retention:  # the members older than the window go first
-                        pipe.zremrangebylex(key, b"-", cutoff)
-                    pipe.zadd(key, {member: 0})
-                    if retention:  # the key lives as long as its newest page
-                        pipe.expireat(key, at, nx=True)
-                        pipe.expireat(key, at, gt=True)
-            replies = self._execute(pipe)
-        out: list[Any] = []
-        at = 0
-        for page_keys in keys:
-            state, record = replies[at]
-            at += 1 + len(page_keys) * (4 if retention else 1)
-            out.append(None if not record else decode_decision(record))
-        return out
+            found = self._rounds(("register", records), ("join", joins))[0]
+        return [decode_decision(record) if record else None for _, record in found]
 
     def _read(self, keys: list[list[bytes]]) -> list[list[list[int]]]:
         """Each key's members, oldest first: exact layers their first few, features their
         most recent `cap` (plus slack for pending and dropped ones)."""
+        newest, oldest = (self.cap + _READ_SLACK, 1), (_READ_SLACK, 0)
         with self._call("read"):
-            pipe = self.client.pipeline(transaction=False)
-            for page_keys in keys:
-                for key in page_keys:
-                    if key[:1] == b"F":
-                        pipe.zrange(key, b"+", b"-", desc=True, bylex=True, offset=0,
-                                    num=self.cap + _READ_SLACK)
-                    else:
-                        pipe.zrange(key, b"-", b"+", bylex=True, offset=0, num=_READ_SLACK)
-            replies = iter(self._execute(pipe))
-        out = []
-        for page_keys in keys:
-            sets = []
-            for _ in page_keys:
-                sets.append(sorted(int.from_bytes(m, "big") for m in next(replies)))
-            out.append(sets)
-        return out
+            replies = iter(self._rounds(("read", [
+                (key, newest if key[key.index(b"}") + 1 :][:1] == b"F" else oldest)
+                for page_keys in keys for key in page_keys]))[0])
+        return [[sorted(int.from_bytes(m, "big") for m in next(replies)) for _ in page_keys]
+                for page_keys in keys]
 
     def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
-        if not seen:
-            return {}
+        states = {q: self._final[q] for q in seen if q in self._final}
+        ask = [q for q in seen if q not in states]
+        if not ask:
+            return states
         with self._call("peek"):
-            pipe = self.client.pipeline(transaction=False)
-            for q, smallest in seen.items():
-                younger = flag and q > smallest
-                pipe.execute_command("EVAL", _PEEK, 1, _record_key(q), "1" if younger else "0")
-            replies = self._execute(pipe)
-        return {q: r.decode() if isinstance(r, bytes) else str(r)
-                for q, r in zip(seen, replies, strict=True)}
+            replies = self._rounds(("peek", [
+                (record_key(q), (1 if flag and q > seen[q] else 0,)) for q in ask]))[0]
+        for q, r in zip(ask, replies, strict=True):
+            state = states[q] = r.decode() if isinstance(r, bytes) else str(r)
+            if state in ("K", "D"):
+                _remember(self._final, q, state, CACHED_STATES)
+        return states
 
     def _wait(self, waiting: set[int], done: set[int]) -> None:
         """Pages waiting for an older page decided elsewhere: back off a little (they are
@@ -361,42 +473,87 @@ class RedisIndex:
         time.sleep(min(0.5, 0.005 * 2 ** min(7, len(self._waiting))))
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
-        if not handles:
-            return {}
+        docs = {h: self._records[h] for h in handles if h in self._records}
+        ask = [h for h in handles if h not in docs]
+        if not ask:
+            return docs
         with self._call("docs"):
-            pipe = self.client.pipeline(transaction=False)
-            for h in handles:
-                pipe.hget(_record_key(h), b"d")
-            replies = self._execute(pipe)
-        return {h: decode_doc(raw, h) for h, raw in zip(handles, replies, strict=True)
-                if raw is not None}
+            replies = self._rounds(("records", [(record_key(h), ()) for h in ask]))[0]
+        for h, raw in zip(ask, replies, strict=True):
+            if raw is None:  # gone (retention) since its state was read
+                self._final.pop(h, None)
+            else:
+                docs[h] = decode_doc(raw, h)
+                _remember(self._records, h, docs[h], CACHED_RECORDS)
+        return docs
 
     def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool]) -> None:
         if not which:
             return
         with self._call("claim"):
-            pipe = self.client.pipeline(transaction=False)
-            for i in which:
-                c = claims[i]
-                state = b"K" if c.doc is not None else b"D"
-                doc = encode_doc(c.doc) if c.doc is not None else b""
-                pipe.execute_command("EVAL", _FINISH, 1, _record_key(c.probe.page_id), state,
-                                     encode_decision(c.decision), doc)
-            replies = self._execute(pipe)
-            drops = []
+            replies = self._rounds(("finish", [
+                (record_key(claims[i].probe.page_id),
+                 (b"D" if claims[i].doc is None else b"K", encode_decision(claims[i].decision),
+                  b"" if claims[i].doc is None else encode_doc(claims[i].doc)))
+                for i in which]))[0]
+            leave = []
             for i, reply in zip(which, replies, strict=True):
-                ok = reply in (b"ok", "ok")
-                won[i] = ok
-                if ok and claims[i].doc is None:
-                    drops.append(claims[i].probe)
-            if drops:  # a dropped page leaves its keys (until then it reads as DROP)
-                pipe = self.client.pipeline(transaction=False)
-                for p in drops:
-                    for key in probe_keys(p):
-                        pipe.zrem(key, id_bytes(p.page_id))
-                self._execute(pipe)
+                c = claims[i]
+                won[i] = reply in (b"ok", "ok")
+                if won[i]:
+                    _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
+                              CACHED_STATES)
+                    if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
+                        member = id_bytes(c.probe.page_id)
+                        leave += [(key, (member,)) for key in probe_keys(c.probe)]
+            self._rounds(("leave", leave))
 
     # --- plumbing ---------------------------------------------------------------------
+    def _rounds(self, *calls: tuple[str, Sequence[tuple[bytes, Sequence[Any]]]]) -> list[
+            list[Any]]:
+        """One pipelined round trip: for each (script, [(key, values)]), one script call per
+        shard its keys fall in. Per call, the script's result per key, in the order given."""
+        groups = []
+        for script, entries in calls:
+            shards: dict[bytes, list[int]] = {}
+            for i, (key, _) in enumerate(entries):
+                shards.setdefault(key[: key.index(b"}") + 1], []).append(i)
+            groups.append((script, entries, list(shards.values())))
+        if not any(entries for _, entries, _ in groups):
+            return [[] for _ in calls]
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for script, entries, shards in groups:
+                for idx in shards:
+                    pipe.execute_command("EVALSHA", self._sha[script], len(idx),
+                                         *(entries[i][0] for i in idx),
+                                         *(v for i in idx for v in entries[i][1]))
+            try:
+                replies = iter(self._execute(pipe))
+                break
+            except NoScriptError:  # a new node (failover) or a flushed script cache
+                if attempt:
+                    raise
+                self._load_scripts()
+        out = []
+        for _, entries, shards in groups:
+            results: list[Any] = [None] * len(entries)
+            for idx in shards:
+                reply = next(replies)
+                for i, r in zip(idx, reply if isinstance(reply, list) else [reply] * len(idx),
+                                strict=True):
+                    results[i] = r
+            out.append(results)
+        return out
+
+    def _load_scripts(self) -> None:
+        for source in SCRIPTS.values():
+            if isinstance(self.client, RedisCluster):
+                self.client.execute_command("SCRIPT LOAD", source,
+                                            target_nodes=RedisCluster.PRIMARIES)
+            else:
+                self.client.script_load(source)
+
     def _execute(self, pipe: Any) -> list[Any]:
         self.round_trips += 1
         return list(pipe.execute())
@@ -406,7 +563,7 @@ class RedisIndex:
         started = time.perf_counter()
         try:
             yield
-        except RedisError as exc:
+        except (RedisError, RedisClusterException) as exc:  # the latter: no node answers
             self.observe(operation, time.perf_counter() - started, True)
             if isinstance(exc, ResponseError) and "OOM" in str(exc):
                 raise IndexUnavailable(f"Redis is out of memory ({operation}): {exc}") from exc
@@ -415,14 +572,17 @@ class RedisIndex:
         self.observe(operation, time.perf_counter() - started, False)
 
     def _check_stamp(self) -> None:
+        mine = f"{self.stamp}:{SHARDS}:{FORMAT}"
         with self._call("stamp"):
-            self.client.set(_STAMP, str(self.stamp), nx=True)
-            stored = int(self.client.get(_STAMP))
-        if stored != self.stamp:
-            raise IndexMismatchError(
-                f"the Redis index at {self.url} was built with other sketch parameters "
-                f"(stamp {stored:#x}, these settings give {self.stamp:#x}); features would "
-                "not be comparable. Use the same settings, or another Redis.")
+            self.client.set(_STAMP, mine, nx=True)
+            stored = self.client.get(_STAMP).decode()
+        if stored != mine:
+            stamp, shards, layout = (int(v) for v in stored.split(":"))
+            why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings give "
+                   f"{self.stamp:#x}): features would not be comparable" if stamp != self.stamp
+                   else f"laid out by another version (shards {shards}, format {layout})")
+            raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
+                                     "settings and version, or another Redis.")
 
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
@@ -458,7 +618,7 @@ class RedisIndex:
         used = sum(int(info["used_memory"]) for info in infos)
         pages = len(self)
         return {"pages": pages, "keys": keys, "redis_used_memory": used,
-                "redis_bytes_per_page": used / pages if pages else 0.0}
+                "index_bytes_per_page": used / pages if pages else 0.0}
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         pass  # every claim is already stored; the consumer group holds the offsets
@@ -477,3 +637,9 @@ class RedisIndex:
 
     def close(self) -> None:
         self.client.close()
+
+
+def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
+    cache[key] = value
+    if len(cache) > limit:
+        cache.popitem(last=False)

@@ -79,7 +79,6 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
 from stream_dedup.pipeline import Deduplicator
-from stream_dedup.replay import BATCH as REPLAY_BATCH
 from stream_dedup.replay import ReplaySummary, replay
 from stream_dedup.sinks import JsonlSink
 from stream_dedup.sources.files import iter_inputs
@@ -200,6 +199,9 @@ class TimingSink:
         if self.count == self.first_batch:
             self.first_at = self.last_at
 
+    def flush(self) -> None:
+        self.inner.flush()
+
     def close(self) -> None:
         self.inner.close()
 
@@ -207,7 +209,7 @@ class TimingSink:
 def replay_pass(path: Path, settings: Settings, workers: int, n: int
                 ) -> tuple[Pass, Pass, ReplaySummary]:
     """(the whole call, from the first batch's output to the last decision, summary)."""
-    sink = TimingSink(JsonlSink(os.devnull), min(REPLAY_BATCH, n))
+    sink = TimingSink(JsonlSink(os.devnull), min(settings.batch_size, n))
     cpu = cpu_snapshot()
     started = time.perf_counter()
     summary = replay([path], sink, settings, workers=workers)
@@ -468,6 +470,7 @@ async def service_phases(args: argparse.Namespace, input_topic: str, n: int, wor
                          tag: str, created: list[str]) -> tuple[float, dict[str, float]]:
     """One in-process service pass with its batch loop's phases timed."""
     from stream_dedup import runner
+    from stream_dedup.kafka_edges import KafkaSink, KafkaSource
     from stream_dedup.service import serve
 
     decisions, dead = f"{tag}-decisions", f"{tag}-dead-letter"
@@ -495,16 +498,17 @@ async def service_phases(args: argparse.Namespace, input_topic: str, n: int, wor
             stop.set()
 
     async def timed_run(self: runner.Runner, *rest: Any) -> None:
-        clock.wrap(self.consumer, "getmany", "getmany (waiting for records)")
+        clock.wrap(self.source.consumer, "getmany",  # type: ignore[attr-defined]
+                   "getmany (waiting for records)")
         started = time.perf_counter()
         try:
             await run(self, *rest)
         finally:
             clock.add("(run)", time.perf_counter() - started)
 
-    clock.wrap(runner.Runner, "_item", "records -> pages (JSON, base64; event loop)")
+    clock.wrap(KafkaSource, "item", "records -> pages (JSON, base64; decide thread)")
     clock.wrap(Deduplicator, "check_batch", "check_batch (parse HTML, sketch, decide)")
-    clock.wrap(runner.Runner, "_send", "produce decisions + wait for acks")
+    clock.wrap(KafkaSink, "_send", "produce decisions + wait for acks")
     runner.Runner.process, runner.Runner.run = counted, timed_run  # type: ignore[method-assign]
     try:
         code = await serve(settings, stop)
@@ -690,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     run_id = uuid.uuid4().hex[:8]
     print("command:", shlex.join([sys.executable, *sys.argv]))
     print(machine())
-    print(f"settings: replay batch {REPLAY_BATCH} (fixed), serve batch_size "
+    print(f"settings: replay batch_size {settings.batch_size}, serve batch_size "
           f"{args.batch_size or settings.batch_size}; verify_rate {settings.verify_rate}; "
           f"run id {run_id}")
     one, ceiling = parallel_ceiling()

@@ -166,10 +166,12 @@ def _logging(level: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from .edges import Faults
     from .service import serve
 
     _logging(args.log_level)
-    return asyncio.run(serve(_settings(args)))
+    faults = Faults.parse(args.crash_at, exit=True) if args.crash_at else None
+    return asyncio.run(serve(_settings(args), faults=faults))
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -326,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
     rp.add_argument("--workers", type=int, metavar="N",
                     help="processes for parsing and sketching (default 1)")
+    rp.add_argument("--batch-size", type=int, metavar="N",
+                    help="pages decided and written together (default 500)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
     rp.add_argument("--keep-going", action="store_true",
@@ -347,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     _http_flags(sv, serve=True)
     sv.add_argument("--log-level", default="info",
                     choices=["debug", "info", "warning", "error"])
+    # Crash tests only: exit at once (code 70, nothing cleaned up) at a kill point of the
+    # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch).
+    sv.add_argument("--crash-at", metavar="POINT[:BATCH]", help=argparse.SUPPRESS)
     _engine_flags(sv)
     _index_flags(sv)
     sv.set_defaults(func=_serve)

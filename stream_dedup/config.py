@@ -60,7 +60,7 @@ class Settings:
     dead_letter_topic: str = "pages-dead-letter"
     group_id: str = "stream-dedup"
     input_format: str = "json"  # json (the JSONL page schema) | html (value = HTML bytes)
-    batch_size: int = 500  # records fetched, decided, produced and committed together
+    batch_size: int = 500  # records decided, delivered and committed together (serve, replay)
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
     # --- the HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats) ---
@@ -74,9 +74,6 @@ class Settings:
     redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)
-    # Fault injection for crash tests only: exit hard after the Nth batch's outputs are
-    # acknowledged and before its offsets are committed (0 = never).
-    fault_exit_before_commit: int = 0
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
 

@@ -1,9 +1,9 @@
 """The aiokafka edge: the clients `serve` uses, built from Settings, made safe to run long.
 
 Everything that knows aiokafka's keyword arguments or works around its behaviour is here,
-with the retry policy both the runner and the service follow (by aiokafka's `retriable`
-flag, with backoff; a stop cuts any wait short, or gives work in flight STOP_GRACE_S);
-`runner.py` holds the delivery contract and sees only the clients' public API.
+with the retry policy the Kafka edges and the service follow (by aiokafka's `retriable`
+flag, with backoff; a stop cuts any wait short: runner.py's stop policy); `kafka_edges.py`
+holds the runner's source and sink over these clients.
 
 Three things aiokafka does not do by itself, each reproduced against a real broker:
 
@@ -27,10 +27,9 @@ Three things aiokafka does not do by itself, each reproduced against a real brok
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -42,6 +41,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from .config import Settings
+from .runner import Abandoned, pause
 from .sources.records import BatchFormatError, read_batch
 
 log = logging.getLogger("stream_dedup.kafka")
@@ -111,14 +111,9 @@ async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: floa
         log.warning("closing the %s: its tasks were cancelled", type(client).__name__)
 
 
-# --- retries and stops ---------------------------------------------------------------------
+# --- retries -----------------------------------------------------------------------------
 MAX_BACKOFF_S = 30.0
-STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
 T = TypeVar("T")
-
-
-class Abandoned(Exception):
-    """A stop came while Kafka could not take the batch in flight: it stays uncommitted."""
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -147,31 +142,6 @@ async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Ev
                         exc, delay)
             await pause(stop, delay)
             delay = min(delay * 2, MAX_BACKOFF_S)
-
-
-async def pause(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep, cut short by a stop."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def within_grace(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
-    """Run `work`; once `stop` is set it has STOP_GRACE_S more, then it is cancelled and
-    Abandoned is raised."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            raise Abandoned("stopped while the broker did not answer")
-        return task.result()
-    finally:
-        stopping.cancel()
 
 
 # --- a broker that is down ----------------------------------------------------------------

@@ -2,8 +2,9 @@
 
     pipeline.Deduplicator ──Observer──> Metrics.page()       per decided page: outcome, bytes,
                                         Metrics.batch()      stage timings; index size per batch
-    runner.Runner (Kafka) ────────────> lag, commit latency, errors, dead letters, progress
-    runner / replay ──────────────────> Metrics.decided()    page -> decision latency
+    runner.Runner ────────────────────> Metrics.decided()    page -> decision latency,
+                                        progress, index errors
+    kafka_edges (serve) ──────────────> lag, commit latency, Kafka errors, dead letters
 
 Each `Metrics` owns a `CollectorRegistry` (with the process, GC and platform collectors), so
 a process may hold several (tests do) without "Duplicated timeseries" errors, and `/metrics`
@@ -54,6 +55,7 @@ STAGES = ("canonicalize", "sketch", "index", "verify")
 OUTCOMES = ("confirmed", "overturned", "unsampled")
 KAFKA_OPERATIONS = ("connect", "metadata", "fetch", "produce", "commit")
 OUTPUTS = ("decision", "kept", "dead-letter")
+INDEX_OPERATIONS = ("decide", "commit", "expire")
 # Seconds. Stages take tens of microseconds (index) to tens of milliseconds (large pages).
 STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 1.0)
@@ -146,6 +148,10 @@ class Metrics:
                                "their topic accepts, sent reduced (a decision without the "
                                "long fields, a reference instead of the kept page, a "
                                "truncated dead letter)", ["output"], registry=r)
+        self.index_errors = Counter("stream_dedup_index_errors", "Index steps that failed "
+                                    "because the index could not answer (a shared index's "
+                                    "node down...); each is tried again with backoff",
+                                    ["operation"], registry=r)
         self.log_dropped = Counter("stream_dedup_log_lines_dropped", "Repeated Kafka client "
                                    "log lines dropped by the rate limit", registry=r)
         # --- HTTP API --------------------------------------------------------------------
@@ -173,6 +179,8 @@ class Metrics:
             self.kafka_errors.labels(op)
         for output in OUTPUTS:
             self.reduced.labels(output)
+        for op in INDEX_OPERATIONS:
+            self.index_errors.labels(op)
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),
@@ -267,6 +275,9 @@ class Metrics:
 
     def kafka_error(self, operation: str) -> None:
         self.kafka_errors.labels(operation).inc()
+
+    def index_error(self, operation: str) -> None:
+        self.index_errors.labels(operation).inc()
 
     # --- reading ----------------------------------------------------------------------------
     def precision_estimate(self) -> float | None:

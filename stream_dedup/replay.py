@@ -1,14 +1,16 @@
-"""Offline replay: captured crawls (WARC, ARC, JSONL) through the production pipeline.
+"""Offline replay: captured crawls (WARC, ARC, JSONL) through the runner `serve` uses.
 
-files -> readers (Page | Rejected, in file order) -> batches -> Deduplicator.check_batch
-      -> decisions sink (one line per input page, input order) + optional dead-letter file
+FileSource (readers: Page | Rejected, in file order, in batches) -> Runner (decide, index
+commit, retention) -> FileSink (one decision per input page, in input order; dead letters)
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -17,13 +19,11 @@ from tqdm import tqdm
 
 from .config import Settings
 from .metrics import Metrics
-from .models import Decision, Page, Rejected
+from .models import Decision
 from .pipeline import Deduplicator, analysis_pool
-from .sinks import Sink, dead_letter_record
-from .sources.files import iter_inputs
-from .sources.warc import SourceStats
-
-BATCH = 256
+from .runner import Runner
+from .sinks import FileSink, Writer
+from .sources.files import FileSource
 
 
 @dataclass
@@ -78,20 +78,9 @@ class ReplaySummary:
         return "\n".join(lines)
 
 
-def _batches(items: Iterable[Page | Rejected], size: int) -> Iterator[list[Page | Rejected]]:
-    batch: list[Page | Rejected] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def replay(
     paths: Sequence[str | Path],
-    sink: Sink,
+    sink: Writer,
     settings: Settings | None = None,
     *,
     dedup: Deduplicator | None = None,
@@ -100,43 +89,44 @@ def replay(
     progress: bool = False,
     metrics: Metrics | None = None,
 ) -> ReplaySummary:
-    """Decide every page of `paths` (in order) and write the decisions to `sink`. With
-    `metrics`, also report latency and progress there (a `dedup` given along should have
-    been made with `observer=metrics`)."""
+    """Decide every page of `paths` (in order) and write the decisions to `sink`, in
+    batches of `settings.batch_size` through the runner `serve` uses. With `metrics`, also
+    report latency and progress there (a `dedup` given along should have been made with
+    `observer=metrics`)."""
     settings = settings or Settings()
     owned = dedup is None
     dedup = dedup or Deduplicator(settings, observer=metrics)
-    stats = SourceStats()
+    source = FileSource([Path(p) for p in paths])
     summary = ReplaySummary()
     started = time.perf_counter()
-    pool = analysis_pool(settings, workers) if workers > 1 else None
     bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    shown: Counter[str] = Counter()
+
+    def delivered(decisions: Sequence[Decision]) -> None:
+        shown.update(d.decision for d in decisions)
+        bar.update(len(decisions))
+        bar.set_postfix(kept=shown["keep"], dropped=shown["drop"], rejected=shown["reject"],
+                        refresh=False)
+
+    def new_pool() -> Executor:
+        return analysis_pool(settings, workers)
+
+    runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered),
+                    new_pool() if workers > 1 else None, metrics,
+                    new_pool if workers > 1 else None)
     try:
-        for batch in _batches(iter_inputs([Path(p) for p in paths], stats), BATCH):
-            received = time.time()
-            decisions: list[Decision] = dedup.check_batch(batch, pool)
-            for item, decision in zip(batch, decisions, strict=True):
-                sink.write(decision)
-                summary.decisions[f"{decision.decision}/{decision.reason}"] += 1
-                if dead_letter is not None and isinstance(item, Rejected):
-                    dead_letter.write(dead_letter_record(item) + "\n")
-            dedup.commit()  # a persistent index holds every batch that was written out
-            if metrics is not None:  # archived fetch times are history: count from reading
-                metrics.decided(batch, received, time.time(), since_fetch=False)
-                metrics.progress()
-            summary.pages += len(batch)
-            bar.update(len(batch))
-            bar.set_postfix(kept=summary.count("keep"), dropped=summary.count("drop"),
-                            rejected=summary.count("reject"), refresh=False)
+        asyncio.run(runner.run(asyncio.Event()))
         summary.index = dedup.index.stats()
     finally:
         bar.close()
         sink.close()
-        if pool is not None:
-            pool.shutdown()
+        if runner.pool is not None:
+            runner.pool.shutdown()
         if owned:
             dedup.close()
     summary.seconds = time.perf_counter() - started
+    summary.pages = runner.stats.records
+    summary.decisions = Counter(runner.stats.decisions)
     summary.verification = Counter(dedup.counters.verify)
-    summary.skipped = stats.skipped_summary()
+    summary.skipped = source.stats.skipped_summary()
     return summary

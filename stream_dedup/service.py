@@ -20,26 +20,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from .config import Settings
+from .edges import Faults
 from .errors import StreamDedupError
 from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     DEFAULT_BATCH,
-    Abandoned,
+    Limits,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
     read_limits,
     retry,
     stop_within,
-    within_grace,
 )
+from .kafka_edges import KafkaSink, KafkaSource
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
-from .runner import Runner
+from .runner import Abandoned, Runner, within_grace
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -47,8 +48,10 @@ PROBE_TIMEOUT_S = 3.0  # /readyz: how long a metadata request may take
 CLOSE_TIMEOUT_S = 3.0  # closing the clients may wait this long on a broker that is down
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
-    """Run the service until `stop` (or SIGTERM/SIGINT/SIGHUP); the exit code."""
+async def serve(settings: Settings, stop: asyncio.Event | None = None,
+                faults: Faults | None = None) -> int:
+    """Run the service until `stop` (or SIGTERM/SIGINT/SIGHUP); the exit code. `faults`:
+    crash injection, for tests."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
@@ -56,7 +59,7 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> int:
             loop.add_signal_handler(sig, _stopper(stop, sig))
         except (NotImplementedError, RuntimeError):  # not the main thread (tests)
             pass
-    service = Service(settings, stop)
+    service = Service(settings, stop, faults)
     app = build_app(service.api)
     app[SERVICE] = service
     app.cleanup_ctx.append(_kafka_task)
@@ -94,14 +97,19 @@ async def _kafka_task(app: web.Application) -> AsyncIterator[None]:
 class Service:
     """Index, Kafka clients and runner of `serve`, and what the HTTP API reads of them."""
 
-    def __init__(self, settings: Settings, stop: asyncio.Event) -> None:
+    def __init__(self, settings: Settings, stop: asyncio.Event,
+                 faults: Faults | None = None) -> None:
         self.settings = settings
         self.stop = stop
+        self.faults = faults
         self.metrics = Metrics(settings)
         self.api = ApiState(settings, self.metrics, broker=self.probe_broker,
+                            index_problem=lambda: self.runner.index_problem if self.runner
+                            else "",
                             pending=lambda: sum(self.metrics.lags.values()),
                             extra_stats=self.kafka_stats)
         self.runner: Runner | None = None
+        self.consumer: AIOKafkaConsumer | None = None
         self.connected = False
         self.task: asyncio.Task[int] | None = None
 
@@ -117,12 +125,12 @@ class Service:
         pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
         m = self.metrics
         quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
-        consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
+        consumer = self.consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
 
         async def new_producer() -> AIOKafkaProducer:
             """Made once the broker's limits are known: its batches stay within the smallest
             output topic's max.message.bytes (the broker holds a whole batch to it)."""
-            batch = runner.limits.batch(self._output_topics())
+            batch = sink.limits.batch(self._output_topics())
             fresh = make_producer(settings, lambda: m.kafka_error("metadata"), batch)
             await retry("connecting the producer", lambda: within_grace(fresh.start(), stop),
                         stop, lambda _: m.kafka_error("connect"))
@@ -131,10 +139,13 @@ class Service:
                          "limit)", batch)
             return fresh
 
+        source = KafkaSource(settings, consumer, dedup.index, m)
+        sink = KafkaSink(settings, None, m, new_producer=new_producer)
         runner = self.runner = Runner(
-            settings, dedup, consumer, None, pool, m, new_producer=new_producer,
-            new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None)
-        consumer.subscribe([settings.input_topic], listener=runner.listener)
+            settings, dedup, source, sink, pool, m,
+            new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None,
+            faults=self.faults)
+        consumer.subscribe([settings.input_topic], listener=source.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
@@ -144,9 +155,9 @@ class Service:
             await retry(f"connecting the consumer to {settings.bootstrap_servers}",
                         lambda: within_grace(consumer.start(), stop), stop,
                         lambda _: m.kafka_error("connect"))
-            runner.limits = await read_limits(settings, self._output_topics())
-            self._warn_about_limits(runner)
-            runner.producer = await new_producer()
+            sink.limits = await read_limits(settings, self._output_topics())
+            self._warn_about_limits(sink.limits)
+            sink.producer = await new_producer()
             if stop.is_set():
                 raise Abandoned("stopped while connecting")
             self.connected = True
@@ -164,7 +175,7 @@ class Service:
         finally:
             self.connected = False
             # The consumer even if its start was cut short.
-            clients = [c for c in (runner.producer, consumer) if c is not None]
+            clients = [c for c in (sink.producer, consumer) if c is not None]
             await asyncio.gather(*(stop_within(c, CLOSE_TIMEOUT_S) for c in clients))
             if runner.pool is not None:
                 runner.pool.shutdown()
@@ -179,9 +190,9 @@ class Service:
         s = self.settings
         return [t for t in (s.decisions_topic, s.kept_topic, s.dead_letter_topic) if t]
 
-    def _warn_about_limits(self, runner: Runner) -> None:
+    def _warn_about_limits(self, limits: Limits) -> None:
         """Say at start what the broker's limits mean for the largest pages accepted."""
-        s, limits = self.settings, runner.limits
+        s = self.settings
         log.info("largest message the broker accepts: %d bytes (%s)", limits.broker,
                  ", ".join(f"{t}: {limits.of(t)}" for t in self._output_topics()))
         if s.kept_topic and s.max_page_bytes > limits.of(s.kept_topic):
@@ -198,10 +209,10 @@ class Service:
 
     async def probe_broker(self) -> Check:
         """Reachable = connected, and a metadata request answered within PROBE_TIMEOUT_S."""
-        if self.runner is None or not self.connected:
+        if self.consumer is None or not self.connected:
             return Check(False, f"not connected to {self.settings.bootstrap_servers} yet")
         try:
-            await asyncio.wait_for(self.runner.consumer.topics(), PROBE_TIMEOUT_S)
+            await asyncio.wait_for(self.consumer.topics(), PROBE_TIMEOUT_S)
         except (TimeoutError, KafkaError, OSError) as exc:
             return Check(False, f"no metadata from {self.settings.bootstrap_servers} "
                          f"({type(exc).__name__})")

@@ -7,8 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from stream_dedup import Settings
 from stream_dedup.cli import main
+from stream_dedup.metrics import Metrics
+from stream_dedup.replay import replay
 from stream_dedup.sample import write_sample
+from stream_dedup.sinks import MemorySink
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,28 @@ def test_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFi
     assert "no such input file" in capsys.readouterr().err
     got = _run(tmp_path, str(tmp_path / "nope.warc.gz"), "--keep-going")
     assert [(d["decision"], d["reason"]) for d in got] == [("reject", "unreadable-file")]
+
+
+def test_replay_decides_in_batches_of_the_batch_size(sample) -> None:  # type: ignore[no-untyped-def]
+    warc, jsonl, pages = sample
+    metrics = Metrics(Settings(), process=False)
+    summary = replay([warc, jsonl], MemorySink(), Settings(batch_size=7), metrics=metrics)
+    batches = metrics.registry.get_sample_value("stream_dedup_batches_total")
+    assert summary.pages == len(pages) + 1 and batches == -(-summary.pages // 7)
+
+
+def test_replay_applies_the_retention_window(tmp_path: Path) -> None:
+    """Pages crawled in 2020, replayed into an index; replayed again with a retention of a
+    day, they are forgotten before the first batch, so they are kept again."""
+    crawl = tmp_path / "old.jsonl"
+    crawl.write_text("".join(json.dumps({
+        "url": f"https://old.example/{i}", "fetched_at": "2020-01-01T00:00:00Z",
+        "html": f"<p>page {i} of an old crawl, long forgotten</p>"}) + "\n" for i in range(3)))
+    index = ("--index", "lsm", "--index-path", str(tmp_path / "index"))
+    assert {d["decision"] for d in _run(tmp_path, str(crawl), *index)} == {"keep"}
+    assert {d["decision"] for d in _run(tmp_path, str(crawl), *index)} == {"drop"}
+    again = _run(tmp_path, str(crawl), *index, "--retention-days", "1")
+    assert {d["decision"] for d in again} == {"keep"}
 
 
 def test_bad_settings_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

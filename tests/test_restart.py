@@ -148,8 +148,8 @@ def test_lsm_restart_decides_the_batch_in_flight_as_before(
             subprocess.run(["kcat", "-P", "-b", b, "-t", t["input"], "-p", str(part)],
                            input=line.encode(), check=True, timeout=60)
     lsm = ("--index", "lsm", "--index-path", str(tmp_path / "index"))
-    crashed = service(t, *lsm, "--batch-size", "50", log="crash.log",
-                      env={"STREAM_DEDUP_FAULT_EXIT_BEFORE_COMMIT": "1"})
+    crashed = service(t, *lsm, "--batch-size", "50", "--crash-at", "before-index-commit:1",
+                      log="crash.log")
     assert crashed.wait(timeout=120) == 70
     first_time = {d["source"]: d for d in decisions_of(b, t["decisions"])}
     again = service(t, *lsm, "--batch-size", "7", log="again.log")

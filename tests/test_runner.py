@@ -1,10 +1,15 @@
-"""The runner's delivery contract with in-process Kafka edges (a scripted consumer and
-producer); the middle is the real one: Runner, Deduplicator, the LSM index on disk."""
+"""The runner's Kafka edges over in-process stand-ins for aiokafka's clients (a scripted
+consumer and producer); the rest is the real one: KafkaSource, KafkaSink, Runner,
+Deduplicator, the LSM index on disk."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,15 +22,17 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 from aiokafka.structs import ConsumerRecord
-from opskit import _WORDS, html
+from opskit import _WORDS, free_redis_ports, html
 
-from stream_dedup import Deduplicator, Settings
-from stream_dedup.errors import KafkaDeliveryError
+from stream_dedup import Deduplicator, Page, Settings
+from stream_dedup.edges import Crash, Faults, ListSink, ListSource
+from stream_dedup.errors import IndexUnavailable, KafkaDeliveryError
+from stream_dedup.http.app import ApiState
+from stream_dedup.index import MemoryIndex
+from stream_dedup.kafka_edges import KafkaSink, KafkaSource
+from stream_dedup.metrics import Metrics
+from stream_dedup.models import Decision
 from stream_dedup.runner import Runner
-
-
-class Crash(Exception):
-    """The process dies here (nothing after this point happens)."""
 
 
 class FakeConsumer:
@@ -98,35 +105,42 @@ def record(tp: TopicPartition, offset: int, value: bytes) -> ConsumerRecord:
 P0, P1 = TopicPartition("pages", 0), TopicPartition("pages", 1)
 
 
-def near_pairs(n: int) -> dict[TopicPartition, list[ConsumerRecord]]:
-    """Article i on partition 0 and a copy with two words changed on partition 1."""
+def pair_texts(n: int) -> list[tuple[str, str]]:
+    """n articles, each with a copy with two words changed (a near-duplicate)."""
     import random
     rng = random.Random(5)
-    out: dict[TopicPartition, list[ConsumerRecord]] = {P0: [], P1: []}
-    for i in range(n):
+    out = []
+    for _ in range(n):
         words = [rng.choice(_WORDS) for _ in range(400)]
         edited = list(words)
         for j in rng.sample(range(len(words)), 2):
             edited[j] = "zq" + edited[j]
-        for tp, text in ((P0, words), (P1, edited)):
-            page = {"url": f"https://p.example/{i}/{tp.partition}", "html": html([" ".join(text)])}
+        out.append((html([" ".join(words)]), html([" ".join(edited)])))
+    return out
+
+
+def near_pairs(n: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+    """Article i on partition 0 and its copy on partition 1."""
+    out: dict[TopicPartition, list[ConsumerRecord]] = {P0: [], P1: []}
+    for i, texts in enumerate(pair_texts(n)):
+        for tp, text in zip((P0, P1), texts, strict=True):
+            page = {"url": f"https://p.example/{i}/{tp.partition}", "html": text}
             out[tp].append(record(tp, i, json.dumps(page).encode()))
     return out
 
 
 async def run(settings: Settings, records: dict[TopicPartition, list[ConsumerRecord]],
               order: list[TopicPartition], producer: FakeProducer | None = None,
-              crash_before_commit: bool = False) -> tuple[FakeProducer, FakeConsumer]:
+              faults: Faults | None = None) -> tuple[FakeProducer, FakeConsumer]:
     stop = asyncio.Event()
     consumer = FakeConsumer(records, order, stop)
     producer = producer or FakeProducer()
     dedup = Deduplicator(settings)
-    runner = Runner(settings, dedup, consumer, producer)  # type: ignore[arg-type]
-    if crash_before_commit:
-        def crash(offsets: object = None) -> None:
-            raise Crash
-        dedup.commit = crash  # type: ignore[method-assign]
-    await runner.listener.on_partitions_assigned(order)
+    metrics = Metrics(settings, process=False)
+    source = KafkaSource(settings, consumer, dedup.index, metrics)  # type: ignore[arg-type]
+    sink = KafkaSink(settings, producer, metrics)  # type: ignore[arg-type]
+    runner = Runner(settings, dedup, source, sink, metrics=metrics, faults=faults)
+    await source.listener.on_partitions_assigned(order)
     try:
         await runner.run(stop)
     except Crash:
@@ -145,7 +159,8 @@ def test_restart_decides_the_batch_in_flight_in_its_first_order(tmp_path: Path) 
     settings = Settings(index="lsm", index_path=str(tmp_path / "index"), batch_size=40,
                         kept_topic="kept")
     records = near_pairs(10)
-    first, _ = asyncio.run(run(settings, records, [P0, P1], crash_before_commit=True))
+    first, _ = asyncio.run(run(settings, records, [P0, P1],
+                               faults=Faults("before-index-commit")))
     again, consumer = asyncio.run(run(settings, records, [P1, P0]))
     before = {d["source"]: (d["decision"], d["reason"]) for d in first.decisions()}
     after = {d["source"]: (d["decision"], d["reason"]) for d in again.decisions()}
@@ -189,3 +204,222 @@ def test_a_non_retriable_error_stops_with_its_name() -> None:
     with pytest.raises(KafkaDeliveryError, match="TopicAuthorizationFailed"):
         asyncio.run(run(settings, near_pairs(1), [P0, P1], producer))
 
+
+
+# --- the runner over in-process edges: a list source and sink, crash injection as data ----
+S0, S1 = "pages/0", "pages/1"
+HTML = (("Content-Type", "text/html; charset=utf-8"),)
+
+
+def page_streams(n: int) -> dict[str, list[Page]]:
+    """Article i at position i of pages/0; its copy at position n-1-i of pages/1, so a batch
+    that takes the end of pages/0 and the start of pages/1 holds both of some pairs."""
+    pairs = pair_texts(n)
+    return {S0: [Page(f"https://p.example/{i}/a", one.encode(), HTML)
+                 for i, (one, _) in enumerate(pairs)],
+            S1: [Page(f"https://p.example/{i}/b", pairs[i][1].encode(), HTML)
+                 for i in reversed(range(n))]}
+
+
+def outcome(d: Decision) -> tuple[object, ...]:
+    return d.decision, d.reason, d.page_id, d.duplicate_of
+
+
+async def run_list(settings: Settings, source: ListSource, sink: ListSink,
+                   dedup: Deduplicator, faults: Faults | None = None) -> Runner:
+    runner = Runner(settings, dedup, source, sink, faults=faults)
+    try:
+        await runner.run(asyncio.Event())
+    except Crash:
+        pass
+    finally:
+        dedup.index.close()  # without a commit: what a crash leaves on disk
+    return runner
+
+
+REPEATED = {  # decisions of the crashed batch (the second, of 12 records) out before the crash
+    "before-deliver": 0, "mid-deliver": 5, "before-index-commit": 12,
+    "before-source-commit": 12,  # ... and again after it, unless the index holds positions
+}
+
+
+@pytest.mark.parametrize("index", ["lsm", "memory"])
+@pytest.mark.parametrize("kill", list(REPEATED))
+def test_a_crash_at_each_step_loses_nothing(tmp_path: Path, kill: str, index: str) -> None:
+    """15 near-duplicate pairs over two streams, batches of 12: the second batch holds the
+    last 3 originals and the copies of those 3 first. The process dies at a step of that
+    batch and restarts with other batches (5, the streams in the other order). Every page
+    gets a decision, the redelivered ones once more for each that was out. With the LSM
+    index the restart is invisible: each page gets the decision an uncrashed run gives it,
+    and a batch the index holds is not delivered again."""
+    streams = page_streams(15)
+
+    def settings(name: str, batch_size: int) -> Settings:
+        return Settings(index=index, index_path=str(tmp_path / name), batch_size=batch_size)
+
+    expected = ListSink()
+    asyncio.run(run_list(settings("reference", 12), ListSource(streams), expected,
+                         Deduplicator(settings("reference", 12))))
+    want = {d.source: outcome(d) for d in expected.decisions}
+    assert len(want) == 30 and sum(o[0] == "drop" for o in want.values()) >= 12
+
+    committed: dict[str, int] = {}
+    sink = ListSink(crash_after=12 + 5 if kill == "mid-deliver" else None)
+    faults = None if kill == "mid-deliver" else Faults(kill, batch=2)
+    first = settings("index", 12)
+    crashed = asyncio.run(run_list(first, ListSource(streams, committed), sink,
+                                   Deduplicator(first), faults))
+    assert crashed.stats.batches == 1
+    sink.crash_after = None
+    again = settings("index", 5)
+    dedup = Deduplicator(again)
+    source = ListSource(streams, committed, dedup.index, order=[S1, S0])
+    asyncio.run(run_list(again, source, sink, dedup))
+
+    got: dict[str | None, list[tuple[object, ...]]] = {}
+    for d in sink.decisions:
+        got.setdefault(d.source, []).append(outcome(d))
+    assert set(got) == set(want)  # nothing lost
+    repeated = sum(len(ds) - 1 for ds in got.values())
+    if index == "memory":  # it starts empty: later decisions may differ
+        assert repeated == REPEATED[kill]
+        assert committed == {S0: 15, S1: 15}
+        return
+    assert repeated == (0 if kill == "before-source-commit" else REPEATED[kill])
+    assert {s: set(ds) for s, ds in got.items()} == {s: {o} for s, o in want.items()}
+    reopened = Deduplicator(again)
+    assert reopened.index.offsets() == {S0: 15, S1: 15}  # where a restart would resume
+    reopened.close()
+
+
+class FlakyIndex:
+    """A memory index that cannot answer (IndexUnavailable, as a shared index raises with a
+    node down) for its next `failures` calls."""
+
+    def __init__(self, settings: Settings, failures: int) -> None:
+        self.inner = MemoryIndex(settings.params.stamp, settings.max_posting)
+        self.failures = failures
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name in ("stats", "close"):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self.failures > 0:
+                self.failures -= 1
+                raise IndexUnavailable("127.0.0.1:7001 is down")
+            return attr(*args, **kwargs)
+        return call
+
+
+def test_an_unavailable_index_holds_the_batch_until_it_answers(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """While the index cannot answer, nothing of the batch goes out or is committed, the
+    runner says it is not ready (for /readyz) and warns once; then the same batch is decided
+    and delivered, as it would have been without the outage."""
+    settings = Settings(batch_size=100)
+    streams = page_streams(4)
+    expected = ListSink()
+    asyncio.run(run_list(settings, ListSource(streams), expected, Deduplicator(settings)))
+
+    metrics = Metrics(settings, process=False)
+    dedup = Deduplicator(settings, FlakyIndex(settings, failures=4))  # type: ignore[arg-type]
+    source, sink = ListSource(streams), ListSink()
+    runner = Runner(settings, dedup, source, sink, metrics=metrics)
+    api = ApiState(settings, metrics, dedup, index_problem=lambda: runner.index_problem)
+    seen: list[tuple[bool, int, int, bool]] = []
+
+    async def go() -> None:
+        task = asyncio.create_task(runner.run(asyncio.Event()))
+        while not task.done():
+            ready = (await api.readiness())["index"].ok
+            seen.append((runner.index_ok, len(sink.decisions), len(source.committed), ready))
+            await asyncio.sleep(0.02)
+        await task
+
+    asyncio.run(go())
+    down = [s for s in seen if not s[0]]
+    assert down and all(s == (False, 0, 0, False) for s in down)
+    assert runner.index_ok and api.index_problem() == ""
+    assert [outcome(d) for d in sink.decisions] == [outcome(d) for d in expected.decisions]
+    assert source.committed == {S0: 4, S1: 4}
+    text = metrics.exposition()[0].decode()
+    assert 'stream_dedup_index_errors_total{operation="decide"} 4.0' in text
+    assert sum("the index is unavailable" in r.message for r in caplog.records) == 1
+
+
+def test_a_stop_while_the_index_is_unavailable_abandons_the_batch_uncommitted() -> None:
+    settings = Settings(batch_size=100)
+    dedup = Deduplicator(settings, FlakyIndex(settings, failures=10**9))  # type: ignore[arg-type]
+    source, sink = ListSource(page_streams(3)), ListSink()
+    runner = Runner(settings, dedup, source, sink)
+
+    async def go() -> float:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.5, stop.set)
+        started = time.monotonic()
+        await runner.run(stop)
+        return time.monotonic() - started
+
+    took: list[float] = []  # in a thread: a runner that never stops fails the test, not hangs it
+    threading.Thread(target=lambda: took.append(asyncio.run(go())), daemon=True).start()
+    for _ in range(100):
+        if took:
+            break
+        time.sleep(0.1)
+    assert took and took[0] < 2.0
+    assert sink.decisions == [] and source.committed == {}
+    assert runner.stats.abandoned == 6 and not runner.index_ok
+
+
+@pytest.mark.redis
+def test_a_redis_index_that_goes_down_holds_the_batch_until_it_is_back(tmp_path: Path) -> None:
+    """A real Redis (deploy/redis-local, one node) stops under the runner: the batch waits,
+    nothing of it out or committed, the runner not ready; Redis starts again (empty, as a
+    node without persistence comes back) and the batch goes through, decided as a memory
+    index decides it."""
+    script = str(Path(__file__).resolve().parents[1] / "deploy" / "redis-local")
+    env = {**os.environ, "REDIS_LOCAL_PORT": str(free_redis_ports(1))}
+
+    def redis(*args: str) -> str:
+        out = subprocess.run([script, *args, str(tmp_path / "redis")], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.strip()
+
+    streams = page_streams(4)
+    expected = ListSink()
+    memory = Settings(batch_size=100)
+    asyncio.run(run_list(memory, ListSource(streams), expected, Deduplicator(memory)))
+    url = redis("start", "--single").splitlines()[-1]
+    try:
+        settings = Settings(index="redis", redis_url=url, batch_size=100)
+        dedup = Deduplicator(settings)
+        redis("stop")
+        source, sink = ListSource(streams), ListSink()
+        runner = Runner(settings, dedup, source, sink)
+
+        async def go() -> tuple[int, dict[str, int]]:
+            task = asyncio.create_task(runner.run(asyncio.Event()))
+            for _ in range(600):
+                if not runner.index_ok or task.done():
+                    break
+                await asyncio.sleep(0.05)
+            assert not runner.index_ok, "the runner never saw the index down"
+            await asyncio.sleep(1.0)  # a few retries
+            held = len(sink.decisions), dict(source.committed)
+            await asyncio.to_thread(redis, "start", "--single")
+            await asyncio.wait_for(task, 60)
+            return held
+
+        assert asyncio.run(go()) == (0, {})
+        dedup.close()
+    finally:
+        redis("stop")
+    assert runner.index_ok and source.committed == {S0: 4, S1: 4}
+    assert [(d.decision, d.reason) for d in sink.decisions] == [
+        (d.decision, d.reason) for d in expected.decisions]

@@ -2,7 +2,7 @@
 
     GET  /metrics     Prometheus text exposition                     open
     GET  /healthz     the process answers                            open
-    GET  /readyz      broker reachable, index loaded, not stalled    open (503 when not ready)
+    GET  /readyz      broker reachable, index answering, not stalled open (503 when not ready)
     POST /v1/check    the decision a page *would* get; not inserted  bearer token if configured
     GET  /v1/stats    a JSON summary                                 bearer token if configured
 
@@ -46,8 +46,9 @@ class Check:
 
 class ApiState:
     """What the handlers read. `dedup` is None while the index loads; `broker` probes the
-    Kafka cluster (None: no broker, as in replay); `pending` says how many input records
-    wait (None: unknown, counted as waiting); `extra_stats` adds a section to /v1/stats."""
+    Kafka cluster (None: no broker, as in replay); `index_problem` says why the index cannot
+    answer now ("" when it can); `pending` says how many input records wait (None: unknown,
+    counted as waiting); `extra_stats` adds a section to /v1/stats."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class ApiState:
         dedup: Deduplicator | None = None,
         *,
         broker: Callable[[], Awaitable[Check]] | None = None,
+        index_problem: Callable[[], str] = lambda: "",
         pending: Callable[[], int | None] = lambda: None,
         extra_stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
@@ -63,6 +65,7 @@ class ApiState:
         self.metrics = metrics
         self.dedup = dedup
         self.broker = broker
+        self.index_problem = index_problem
         self.pending = pending
         self.extra_stats = extra_stats
         self.started = time.time()
@@ -71,8 +74,10 @@ class ApiState:
         checks: dict[str, Check] = {}
         if self.broker is not None:
             checks["broker"] = await self.broker()
-        checks["index"] = (Check(True, "loaded") if self.dedup is not None
-                           else Check(False, "loading"))
+        problem = self.index_problem()
+        checks["index"] = (Check(False, "loading") if self.dedup is None
+                           else Check(False, f"unavailable: {problem}") if problem
+                           else Check(True, "loaded"))
         idle = time.monotonic() - self.metrics.progress_at
         pending = self.pending()
         stalled = pending != 0 and idle > self.settings.stall_seconds

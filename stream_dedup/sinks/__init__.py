@@ -1,19 +1,45 @@
-"""Where decisions go. A sink takes decisions in input order; close() flushes."""
+"""Where replay's decisions go. A Writer takes decisions in input order; flush() hands them
+to the OS, close() flushes and closes. `FileSink` is the runner's sink for `replay` over one."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
-from ..models import Decision, Rejected
+from ..edges import Batch
+from ..models import Decision, Page, Rejected
 
 
-class Sink(Protocol):
+class Writer(Protocol):
     def write(self, decision: Decision) -> None: ...
+    def flush(self) -> None: ...
     def close(self) -> None: ...
+
+
+class FileSink:
+    """Each decision to `writer`, each rejected input's bytes to `dead_letter` (JSONL), both
+    flushed at the end of a batch (before the index commits it); `delivered` is told each
+    batch's decisions then (a progress display)."""
+
+    def __init__(self, writer: Writer, dead_letter: IO[str] | None = None,
+                 delivered: Callable[[Sequence[Decision]], None] = lambda _: None) -> None:
+        self.writer, self.dead_letter, self.delivered = writer, dead_letter, delivered
+
+    async def deliver(self, batch: Batch, items: Sequence[Page | Rejected],
+                      decisions: Sequence[Decision], stop: asyncio.Event) -> None:
+        for item, decision in zip(items, decisions, strict=True):
+            self.writer.write(decision)
+            if self.dead_letter is not None and isinstance(item, Rejected):
+                self.dead_letter.write(dead_letter_record(item) + "\n")
+        self.writer.flush()
+        if self.dead_letter is not None:
+            self.dead_letter.flush()
+        self.delivered(decisions)
 
 
 class MemorySink:
@@ -24,6 +50,9 @@ class MemorySink:
 
     def write(self, decision: Decision) -> None:
         self.decisions.append(decision)
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -40,6 +69,9 @@ class JsonlSink:
 
     def write(self, decision: Decision) -> None:
         self._fh.write(decision.to_json() + "\n")
+
+    def flush(self) -> None:
+        self._fh.flush()
 
     def close(self) -> None:
         self._fh.flush()

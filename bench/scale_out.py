@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import benchlib
 from benchlib import load_httpbis_pages, load_warc_pages, synthetic_pages

@@ -317,3 +317,24 @@ def test_replay_with_http_port(tmp_path: Path, capsys: pytest.CaptureFixture[str
                  "--http-port", str(port)]) == 0
     assert f"HTTP API on http://127.0.0.1:{port}" in capsys.readouterr().err
     assert len(out.read_text().splitlines()) == len(pages) + 1
+
+
+def test_readyz_asks_a_shared_index_whether_every_primary_answers(redis_url: str) -> None:
+    import redis as redis_py
+    from indexkit import flush_redis
+
+    flush_redis(redis_url)
+    state = _state(Settings(index="redis", redis_url=redis_url))
+
+    async def go(c: TestClient[Any, Any]) -> None:
+        r = await c.get("/readyz")
+        body = await r.json()
+        assert r.status == 200, body
+        assert "every Redis primary answers" in json.dumps(body)
+        assert state.dedup is not None
+        state.dedup.index.client = redis_py.Redis(port=free_port(),  # type: ignore[attr-defined]
+                                                  socket_connect_timeout=0.5)
+        r = await c.get("/readyz")
+        body = await r.json()
+        assert r.status == 503 and "a Redis primary does not answer" in json.dumps(body)
+    _run(state, go)

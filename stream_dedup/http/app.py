@@ -74,10 +74,7 @@ class ApiState:
         checks: dict[str, Check] = {}
         if self.broker is not None:
             checks["broker"] = await self.broker()
-        problem = self.index_problem()
-        checks["index"] = (Check(False, "loading") if self.dedup is None
-                           else Check(False, f"unavailable: {problem}") if problem
-                           else Check(True, "loaded"))
+        checks["index"] = await self._index()
         idle = time.monotonic() - self.metrics.progress_at
         pending = self.pending()
         stalled = pending != 0 and idle > self.settings.stall_seconds
@@ -87,6 +84,26 @@ class ApiState:
         return checks
 
 
+    async def _index(self) -> Check:
+        """Loaded, and able to answer: the runner's word (its last batch), and for a shared
+        index, every primary answering a PING now."""
+        if self.dedup is None:
+            return Check(False, "loading")
+        problem = self.index_problem()
+        if problem:
+            return Check(False, f"unavailable: {problem}")
+        ping = getattr(self.dedup.index, "ping", None)
+        if ping is None:
+            return Check(True, "loaded")
+        try:
+            answers = await asyncio.wait_for(asyncio.to_thread(ping), PING_TIMEOUT_S)
+        except TimeoutError:
+            answers = False
+        return (Check(True, "every Redis primary answers") if answers
+                else Check(False, "a Redis primary does not answer"))
+
+
+PING_TIMEOUT_S = 2.0
 STATE = web.AppKey("state", ApiState)
 
 

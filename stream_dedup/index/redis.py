@@ -607,10 +607,13 @@ class RedisIndex:
         return out
 
     def ping(self) -> bool:
-        """Can every node answer now (/readyz)?"""
+        """Does every primary answer now (/readyz)?"""
         try:
             with self._call("ping"):
-                self.client.ping()
+                if isinstance(self.client, RedisCluster):
+                    self.client.ping(target_nodes=RedisCluster.PRIMARIES)
+                else:
+                    self.client.ping()
             return True
         except IndexUnavailable:
             return False

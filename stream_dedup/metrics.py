@@ -37,6 +37,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from . import __version__
 from .config import Settings
+from .errors import IndexUnavailable
 from .index.base import FeatureIndex
 from .models import CANONICAL as R_CANONICAL
 from .models import (
@@ -223,7 +224,10 @@ class Metrics:
             self.redis_errors.labels(operation).inc()
 
     def batch(self, index: FeatureIndex) -> None:
-        self.index_pages.set(len(index))
+        try:
+            self.index_pages.set(len(index))
+        except IndexUnavailable:  # a shared index that cannot answer now: counted elsewhere
+            pass
         self._index_changed = True
         if time.monotonic() >= self._next_index_stats:
             self._index_gauges(index)
@@ -236,8 +240,14 @@ class Metrics:
                 self._index_gauges(dedup.index)
 
     def _index_gauges(self, index: FeatureIndex) -> None:
+        """Best effort: a shared index that cannot answer now leaves the gauges as they were
+        (its failed round trips are counted where they happen)."""
         started = time.monotonic()
-        stats = index.stats()
+        try:
+            stats = index.stats()
+        except IndexUnavailable:
+            self._next_index_stats = started + INDEX_STATS_MIN_S
+            return
         took = time.monotonic() - started
         self._next_index_stats = started + max(INDEX_STATS_MIN_S, INDEX_STATS_BUDGET * took)
         self._index_changed = False

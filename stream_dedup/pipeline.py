@@ -395,15 +395,20 @@ class Deduplicator:
         return self._reject(item, len(item.raw or b""), _NOT_RUN)
 
     def snapshot(self) -> dict[str, Any]:
-        """The running totals, copied consistently (for /v1/stats)."""
+        """The running totals, copied consistently (for /v1/stats); `index_pages` None
+        while a shared index cannot answer."""
         with self.lock:
+            try:
+                held: int | None = len(self.index)
+            except IndexUnavailable:
+                held = None
             return {
                 "pages": self.counters.pages,
                 "redelivered": self.counters.redelivered,
                 "decisions": {f"{d}/{r}": n for (d, r), n in sorted(
                     self.counters.decisions.items())},
                 "verification": dict(self.counters.verify),
-                "index_pages": len(self.index),
+                "index_pages": held,
             }
 
     # --- helpers ----------------------------------------------------------------------

@@ -160,3 +160,51 @@ def rank_candidates(page_ids: list[int], min_shared: int) -> list[tuple[int, int
 
 def _most_shared_first(hit: tuple[int, int]) -> tuple[int, int]:
     return -hit[1], hit[0]
+
+
+class LocalIndex:
+    """What the in-process backends (memory, LSM) share: one process asks, so no claim is
+    ever lost; handles are rows, in order of keeping."""
+
+    _next_local: int
+
+    def first_with(self, layer: int, fingerprint: int) -> int | None:
+        """The first row with this RAW or CANONICAL fingerprint."""
+        raise NotImplementedError
+
+    def postings(self, features: np.ndarray) -> list[list[int]]:
+        """Each feature's `cap` most recent rows."""
+        raise NotImplementedError
+
+    def insert(self, doc: StoredDoc) -> int:
+        """Store a kept page; its row."""
+        raise NotImplementedError
+
+    def records(self) -> Docs:
+        """Records by row."""
+        raise NotImplementedError
+
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+        out = []
+        for p in probes:
+            raw = self.first_with(RAW, p.raw_fp)
+            canonical = None
+            if raw is None and p.canonical_fp is not None:
+                canonical = self.first_with(CANONICAL, p.canonical_fp)
+            postings = [] if p.features is None else self.postings(p.features)
+            out.append(Answer(raw, canonical, postings, self.records()))
+        return out
+
+    def claim(self, claims: Sequence[Claim]) -> list[bool]:
+        for c in claims:
+            if c.doc is not None:
+                self.insert(c.doc)
+        return [True] * len(claims)
+
+    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
+        return [self.first_with(RAW, fp) is not None for fp in raw_fps]
+
+    def local_ids(self, n: int) -> range:
+        start = self._next_local
+        self._next_local += n
+        return range(start, start + n)

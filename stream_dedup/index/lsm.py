@@ -28,7 +28,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from rocksdict import (
 )
 
 from ..errors import IndexMismatchError, IndexStoreError
-from .base import CANONICAL, RAW, Answer, Claim, Plan, Probe, StoredDoc
+from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -74,7 +74,7 @@ def _options(prefix: int | None) -> Options:
     return opt
 
 
-class LsmIndex:
+class LsmIndex(LocalIndex):
     """A FeatureIndex kept on disk. One process at a time (RocksDB holds a lock)."""
 
     def __init__(self, path: str | Path, stamp: int | None, max_posting: int = 64,
@@ -154,30 +154,8 @@ class LsmIndex:
     def __len__(self) -> int:
         return self._pages + len(self._new_docs)
 
-    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
-        out = []
-        for p in probes:
-            raw = self.first_with(RAW, p.raw_fp)
-            canonical = None
-            if raw is None and p.canonical_fp is not None:
-                canonical = self.first_with(CANONICAL, p.canonical_fp)
-            postings = [] if p.features is None else self.postings(p.features)
-            out.append(Answer(raw, canonical, postings, self))
-        return out
-
-    def claim(self, claims: Sequence[Claim]) -> list[bool]:
-        for c in claims:
-            if c.doc is not None:
-                self.insert(c.doc)
-        return [True] * len(claims)
-
-    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
-        return [self.first_with(RAW, fp) is not None for fp in raw_fps]
-
-    def local_ids(self, n: int) -> range:
-        start = self._next_local
-        self._next_local += n
-        return range(start, start + n)
+    def records(self) -> Docs:
+        return self
 
     def __getitem__(self, row: int) -> StoredDoc:
         return self.doc(row)

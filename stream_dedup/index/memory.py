@@ -17,13 +17,13 @@ page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import IndexMismatchError
-from .base import CANONICAL, RAW, Answer, Claim, Plan, Probe, StoredDoc
+from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
 
 try:
     from ..core import _native
@@ -178,7 +178,7 @@ class SortedRunMultimap:
         return sum(k.nbytes + v.nbytes for k, v in self._runs) + self._mem_entries * 12
 
 
-class MemoryIndex:
+class MemoryIndex(LocalIndex):
     """The default backend. Holds everything in this process; gone when it exits."""
 
     def __init__(self, stamp: int, max_posting: int = 64) -> None:
@@ -201,33 +201,11 @@ class MemoryIndex:
     def __len__(self) -> int:
         return len(self._docs)
 
-    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
-        # Handles are row numbers (insertion order). A page holds each of its k features
-        # once (group ids are hashed in), so the number of times its row comes back from
-        # the posting lists is the number of features it shares.
-        out = []
-        for p in probes:
-            raw = self.first_with(RAW, p.raw_fp)
-            canonical = None
-            if raw is None and p.canonical_fp is not None:
-                canonical = self.first_with(CANONICAL, p.canonical_fp)
-            postings = [] if p.features is None else self._features.postings(p.features)
-            out.append(Answer(raw, canonical, postings, self._docs))
-        return out
+    def records(self) -> Docs:
+        return self._docs
 
-    def claim(self, claims: Sequence[Claim]) -> list[bool]:
-        for c in claims:
-            if c.doc is not None:
-                self.insert(c.doc)
-        return [True] * len(claims)
-
-    def stored(self, raw_fps: Sequence[int]) -> list[bool]:
-        return [self.first_with(RAW, fp) is not None for fp in raw_fps]
-
-    def local_ids(self, n: int) -> range:
-        start = self._next_local
-        self._next_local += n
-        return range(start, start + n)
+    def postings(self, features: np.ndarray) -> list[list[int]]:
+        return self._features.postings(features)
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:
         """The first row with this RAW or CANONICAL fingerprint (32-bit keys: confirmed

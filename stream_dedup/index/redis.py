@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import struct
 import time
 from collections import OrderedDict
@@ -301,6 +302,7 @@ class RedisIndex:
         self._final: OrderedDict[int, str] = OrderedDict()
         self._records: OrderedDict[int, StoredDoc] = OrderedDict()
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SCRIPTS.items()}
+        self._next_local = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
         self._check_stamp()
         with self._call("stamp"):
             self._load_scripts()
@@ -386,6 +388,7 @@ class RedisIndex:
         if kept:
             with self._call("count"):
                 self.client.incrby(_PAGES, kept)
+            self.round_trips += 1
         return won
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:
@@ -395,13 +398,9 @@ class RedisIndex:
         return [bool(members) for members in found[0]]
 
     def local_ids(self, n: int) -> range:
-        """Ids for pages without an input position: the clock at the first call, a random
-        lane, a sequence (unique across instances without a counter; 1 in 65,536 chance of
-        a clash only for two processes started in the same millisecond)."""
-        if not hasattr(self, "_next_local"):
-            import random
-            base = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
-            self._next_local = base
+        """Ids for pages without an input position: the clock when this index was opened, a
+        random lane, a sequence (unique across instances without a counter; 1 in 65,536
+        chance of a clash, only for two processes started in the same millisecond)."""
         start = self._next_local
         self._next_local += n
         return range(start, start + n)

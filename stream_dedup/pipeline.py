@@ -39,8 +39,8 @@ from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
 from .workers import pool as worker_pool
 
 log = logging.getLogger("stream_dedup")
-# Rounds of lookup + claim for one batch before it is given up: a shared index loses a claim
-# only to a concurrent instance, so a few rounds are the rule.
+# Rounds of one batch with a claim lost before it is given up: a shared index loses a claim
+# only to a concurrent instance, so a few such rounds are the rule.
 MAX_ROUNDS = 50
 
 
@@ -223,6 +223,9 @@ class Deduplicator:
         # Decisions by input position: a page delivered again (Kafka re-delivers what was
         # not committed) gets the decision it got the first time, never "duplicate of itself".
         self._recent: OrderedDict[str, Decision] = OrderedDict()
+        # Ids of the pages of a batch that failed (IndexUnavailable), by object: kept alive
+        # here, so an id() cannot be reused by another page meanwhile.
+        self._retry_ids: dict[int, tuple[Page, int]] = {}
 
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
@@ -277,14 +280,22 @@ class Deduplicator:
                     if out[i] is None:
                         pages.append((i, item))
                         fresh[i] = True
-            local = iter(self.index.local_ids(sum(p.position is None for _, p in pages)))
-            ids = [p.position if p.position is not None else next(local) for _, p in pages]
+            ids = self._ids([p for _, p in pages])
             fps = [raw_fingerprint(p.body) for _, p in pages]
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
             stored = self.index.stored(fps)
         analyses = self._analyse([p for _, p in pages], fps, stored, pool)
         with self.lock:
-            self._decide(pages, ids, analyses, out, times, fresh)
+            try:
+                self._decide(pages, ids, analyses, out, times, fresh)
+            except IndexUnavailable:
+                # The same pages will come again (the runner retries the batch): they keep
+                # their ids, or a shared index would see them as other pages than the ones
+                # it already holds, pending or kept.
+                self._retry_ids = {id(p): (p, pid) for (_, p), pid in zip(pages, ids,
+                                                                        strict=True)}
+                raise
+            self._retry_ids = {}
             for item, d, t, new in zip(items, out, times, fresh, strict=True):
                 assert d is not None
                 if new:
@@ -292,6 +303,16 @@ class Deduplicator:
                     self._record(d, len(body), t)
             self.observer.batch(self.index)
         return [d for d in out if d is not None]
+
+    def _ids(self, pages: list[Page]) -> list[int]:
+        """Each page's id: its input position, the id it had when its batch last failed,
+        or a new local one."""
+        again = [self._retry_ids.get(id(p), (None, None)) for p in pages]
+        fresh = iter(self.index.local_ids(sum(
+            p.position is None and same is not p for p, (same, _) in zip(pages, again,
+                                                                        strict=True))))
+        return [p.position if p.position is not None else pid if same is p else next(fresh)
+                for p, (same, pid) in zip(pages, again, strict=True)]
 
     def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
                  pool: Executor | None) -> list[Analysis]:
@@ -327,9 +348,8 @@ class Deduplicator:
                                   source=page.source)
                 times[i] = StageTimes(canonical_s=a.canonical_s)
         todo = [k for k, a in enumerate(analyses) if a.error is None]
-        for _ in range(MAX_ROUNDS):
-            if not todo:
-                return
+        contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
+        while todo:
             started = perf_counter()
             answers = self.index.lookup([_probe(analyses[k], ids[k]) for k in todo])
             live = []
@@ -353,6 +373,12 @@ class Deduplicator:
                 Claim(_probe(analyses[k], ids[k]), v.doc, v.decision, v.depends_on)
                 for (k, _), v in zip(live, verdicts, strict=True)])
             index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
+            if not all(won):
+                contended += 1
+                if contended > MAX_ROUNDS:
+                    raise IndexUnavailable(
+                        f"claims of this batch were lost in {MAX_ROUNDS} rounds in a row to "
+                        "other instances; the batch is decided again later")
             todo = later
             for (k, _), v, ok in zip(live, verdicts, won, strict=True):
                 if v.decision is None:  # only fingerprinted, and the stored copy is gone
@@ -364,9 +390,6 @@ class Deduplicator:
                 a = analyses[k]
                 out[pages[k][0]] = v.decision
                 times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
-        if todo:
-            raise IndexUnavailable(f"{len(todo)} pages of the batch were still contended after "
-                                   f"{MAX_ROUNDS} rounds; the batch is decided again later")
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         """Make the pages kept so far durable, atomically with the input offsets they

@@ -36,7 +36,7 @@ import logging
 import random
 import struct
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -70,7 +70,7 @@ CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept recor
 SHARDS = 256
 FORMAT = 1
 _STAMP, _PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
-_READ_SLACK = 16  # members read beyond `cap`: pending and dropped ones are skipped
+_READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 # raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
 # are not kept: only the keys need them, and a dropped page's keys come from its probe)
 _DOC_HEAD = struct.Struct("<QQIHI")
@@ -84,13 +84,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# Sets; per key: member, cutoff ('' none: members below it go first), expiry (epoch s, '0'
-# none: the set lives as long as its newest page).
-_JOIN = """
+# Sets; per key: member, expiry (epoch s, '0' none). A member's score is its expiry (0:
+# none), so members past theirs go first, and the set lives as long as its newest member.
+_JOIN = _LUA_NOW + """
 for i, key in ipairs(KEYS) do
-  local m, cutoff, at = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  if cutoff ~= '' then redis.call('ZREMRANGEBYLEX', key, '-', '(' .. cutoff) end
-  redis.call('ZADD', key, 0, m)
+  local m, at = ARGV[2 * i - 1], ARGV[2 * i]
+  if at ~= '0' then
+    redis.call('ZREMRANGEBYSCORE', key, '(0', '(' .. tostring(math.floor(now / 1000)))
+  end
+  redis.call('ZADD', key, at, m)
   if at ~= '0' then
     redis.call('EXPIREAT', key, at, 'NX')
     redis.call('EXPIREAT', key, at, 'GT')
@@ -99,15 +101,16 @@ end
 return #KEYS
 """
 
-# Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest.
+# Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest
+# (by expiry, then id: without retention, by id).
 _READ = """
 local out = {}
 for i, key in ipairs(KEYS) do
   local n, newest = ARGV[2 * i - 1], ARGV[2 * i]
   if newest == '1' then
-    out[i] = redis.call('ZRANGE', key, '+', '-', 'BYLEX', 'REV', 'LIMIT', 0, n)
+    out[i] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, n)
   else
-    out[i] = redis.call('ZRANGE', key, '-', '+', 'BYLEX', 'LIMIT', 0, n)
+    out[i] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, n)
   end
 end
 return out
@@ -139,7 +142,8 @@ return out
 
 # Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
 # saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
-# within its lease) or "" (absent, or its lease ran out).
+# within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
+# or its record not written yet though its keys are).
 _PEEK = _LUA_NOW + """
 local out = {}
 for i, key in ipairs(KEYS) do
@@ -147,7 +151,7 @@ for i, key in ipairs(KEYS) do
   local c = s and string.sub(s, 1, 1) or ''
   if c == 'P' then
     if tonumber(string.sub(s, 2)) < now then
-      c = ''
+      c = 'X'
     elseif ARGV[i] == '1' then
       redis.call('HSET', key, 'f', '1')
     end
@@ -314,7 +318,8 @@ class RedisIndex:
         priors: list[Any] = [None] * len(probes)
         if register:
             priors = self._register(probes, keys)
-        members = self._read(keys)
+        joined = Counter(key for page_keys in keys for key in page_keys) if register else {}
+        members = self._read(keys, joined)
         mine = {p.page_id for p in probes}
         # Every page of another batch seen, with the smallest page of this batch that saw it.
         seen: dict[int, int] = {}
@@ -325,10 +330,12 @@ class RedisIndex:
                         if q not in mine:
                             seen[q] = min(seen.get(q, p.page_id), p.page_id)
         states = self._peek(seen, flag=register)
+        if register:
+            self._sweep(keys, members, states, mine)
         out: list[Answer] = []
         need: dict[int, None] = {}
         waiting = set()
-        for p, sets, prior in zip(probes, members, priors, strict=True):
+        for p, page_keys, sets, prior in zip(probes, keys, members, priors, strict=True):
             if prior is not None:
                 out.append(Answer(None, None, [], {}, prior=prior))
                 continue
@@ -347,11 +354,20 @@ class RedisIndex:
                 postings = kept[2:]
             postings = [ids[-self.cap:] for ids in postings]
             answer = Answer(raw, canonical, postings, {})
-            for handle in self._wanted(answer):
+            # The batch's own kept pages may push the oldest out of a full posting list and
+            # so change the ranking the decide step makes: then it may read any candidate.
+            feature_keys = page_keys[len(page_keys) - len(postings):]
+            full = any(len(ids) + joined.get(key, 0) > self.cap
+                       for ids, key in zip(postings, feature_keys, strict=True))
+            wanted = self._wanted(answer)
+            if full:
+                wanted += [h for ids in postings for h in ids]
+            for handle in wanted:
                 need[handle] = None
             out.append(answer)
         self.waits += len(waiting)
-        self._wait(waiting, {p.page_id for p in probes} - waiting)
+        if register:  # (a question asked meanwhile, /v1/check, does not reset the clock)
+            self._wait(waiting)
         docs = self._docs(list(need))
         while len(docs) < len(need):  # some page expired meanwhile: it is not there
             need = {h: None for answer in out if answer.prior is None
@@ -417,28 +433,27 @@ class RedisIndex:
         return max((page_id >> 56) // 1000 + self.retention_s, now + min(3600, self.retention_s))
 
     def _register(self, probes: Sequence[Probe], keys: list[list[bytes]]) -> list[Any]:
-        retention = self.retention_s
-        cutoff = b""
-        if retention:
-            cutoff = id_bytes(position_id(int(time.time() * 1000) - retention * 1000, 0, 0))
         joins, records = [], []
         for p, page_keys in zip(probes, keys, strict=True):
             at = self.expire_at(p.page_id)
             records.append((record_key(p.page_id), (LEASE_MS, at)))
             member = id_bytes(p.page_id)
-            joins += [(key, (member, cutoff, at)) for key in page_keys]
+            joins += [(key, (member, at)) for key in page_keys]
         with self._call("register"):
             found = self._rounds(("register", records), ("join", joins))[0]
         return [decode_decision(record) if record else None for _, record in found]
 
-    def _read(self, keys: list[list[bytes]]) -> list[list[list[int]]]:
+    def _read(self, keys: list[list[bytes]], mine: Mapping[bytes, int]) -> list[list[list[int]]]:
         """Each key's members, oldest first: exact layers their first few, features their
-        most recent `cap` (plus slack for pending and dropped ones)."""
-        newest, oldest = (self.cap + _READ_SLACK, 1), (_READ_SLACK, 0)
+        most recent `cap`, plus slack for pending and dropped ones and room for the
+        `mine[key]` members of this batch (they would push stored ones out of the window)."""
+        def window(key: bytes) -> tuple[int, int]:
+            feature = key[key.index(b"}") + 1 :][:1] == b"F"
+            return (self.cap if feature else 0) + _READ_SLACK + mine.get(key, 0), int(feature)
+
         with self._call("read"):
             replies = iter(self._rounds(("read", [
-                (key, newest if key[key.index(b"}") + 1 :][:1] == b"F" else oldest)
-                for page_keys in keys for key in page_keys]))[0])
+                (key, window(key)) for page_keys in keys for key in page_keys]))[0])
         return [[sorted(int.from_bytes(m, "big") for m in next(replies)) for _ in page_keys]
                 for page_keys in keys]
 
@@ -456,21 +471,33 @@ class RedisIndex:
                 _remember(self._final, q, state, CACHED_STATES)
         return states
 
-    def _wait(self, waiting: set[int], done: set[int]) -> None:
+    def _wait(self, waiting: set[int]) -> None:
         """Pages waiting for an older page decided elsewhere: back off a little (they are
-        asked again next round); too long, and the batch is given up (decided again later)."""
+        asked again next round), longer the longer they wait; after WAIT_S the batch is
+        given up (decided again later)."""
         now = time.monotonic()
-        for page_id in done:
-            self._waiting.pop(page_id, None)
+        self._waiting = {p: self._waiting.get(p, now) for p in waiting}
         if not waiting:
             return
-        first = min(self._waiting.setdefault(p, now) for p in waiting)
-        if now - first > WAIT_S:
-            for p in waiting:
-                self._waiting.pop(p, None)
+        waited = now - min(self._waiting.values())
+        if waited > WAIT_S:
+            self._waiting = {}
             raise IndexUnavailable(f"{len(waiting)} pages waited {WAIT_S:.0f} s for older "
                                    "pages another instance is deciding")
-        time.sleep(min(0.5, 0.005 * 2 ** min(7, len(self._waiting))))
+        time.sleep(min(0.5, 0.01 + waited / 8))
+
+    def _sweep(self, keys: list[list[bytes]], members: list[list[list[int]]],
+               states: Mapping[int, str], mine: set[int]) -> None:
+        """Members of other batches that will never count again leave their sets: drops
+        whose own leaving failed, and pages past their lease (an instance that died; one
+        that did not joins again when it asks again). Not an absent record: it may be a
+        page whose keys were written before its record, in the same round."""
+        gone = [(key, (id_bytes(q),)) for page_keys, sets in zip(keys, members, strict=True)
+                for key, ids in zip(page_keys, sets, strict=True) for q in ids
+                if q not in mine and states.get(q) in ("X", "D")]
+        if gone:
+            with self._call("sweep"):
+                self._rounds(("leave", list(dict.fromkeys(gone))))
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
         docs = {h: self._records[h] for h in handles if h in self._records}
@@ -575,9 +602,15 @@ class RedisIndex:
         mine = f"{self.stamp}:{SHARDS}:{FORMAT}"
         with self._call("stamp"):
             self.client.set(_STAMP, mine, nx=True)
-            stored = self.client.get(_STAMP).decode()
+            stored = self.client.get(_STAMP).decode("utf-8", "replace")
         if stored != mine:
-            stamp, shards, layout = (int(v) for v in stored.split(":"))
+            try:
+                stamp, shards, layout = (int(v) for v in stored.split(":"))
+            except ValueError:
+                raise IndexMismatchError(
+                    f"the Redis at {self.url} holds something else at {_STAMP.decode()} "
+                    f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
+                    "database") from None
             why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings give "
                    f"{self.stamp:#x}): features would not be comparable" if stamp != self.stamp
                    else f"laid out by another version (shards {shards}, format {layout})")
@@ -585,12 +618,19 @@ class RedisIndex:
                                      "settings and version, or another Redis.")
 
     def _check_config(self) -> None:
-        """Warn about a setting that makes every kept page cost ~25 % more memory."""
+        """Warn about settings that lose pages (eviction) or cost ~25 % more memory."""
         try:
-            value = int(self.client.config_get("hash-max-listpack-value").get(
-                "hash-max-listpack-value", 1024))
+            config = self.client.config_get("maxmemory-policy")
+            config.update(self.client.config_get("hash-max-listpack-value"))
+            value = int(config.get("hash-max-listpack-value", 1024))
         except (RedisError, RedisClusterException, ValueError):
             return  # CONFIG is often disabled on managed Redis: nothing to say
+        policy = config.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            log.warning("Redis at %s evicts keys when full (maxmemory-policy %s): it would "
+                        "forget pages and decisions silently; set noeviction, so a full "
+                        "index fails writes (the batch waits, /readyz says so)", self.url,
+                        policy)
         if value < 1024:
             log.warning("Redis at %s has hash-max-listpack-value %d: each kept page's record "
                         "(~700 bytes) is then stored as a hash table, about 25 %% larger; set "

@@ -118,12 +118,10 @@ class Analyzer:
         a, tokens = self.canonical(page)
         return a if tokens is None else self.finish(a, tokens)
 
-    def canonical(self, page: Page, raw_fp: int | None = None) -> tuple[Analysis, Tokens | None]:
-        """Fingerprints and canonical tokens; tokens is None when the page is rejected.
-        `raw_fp`: the body's raw fingerprint, if the caller has it already."""
+    def canonical(self, page: Page) -> tuple[Analysis, Tokens | None]:
+        """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
         started = perf_counter()
-        if raw_fp is None:
-            raw_fp = raw_fingerprint(page.body)
+        raw_fp = raw_fingerprint(page.body)
         limit = self.settings.max_page_bytes
         if len(page.body) > limit:
             err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")
@@ -275,11 +273,10 @@ class Deduplicator:
                     out[i] = Decision(item.url, "reject", item.kind, error=item.message,
                                       source=item.source)
                 else:
-                    fresh[i] = False
                     out[i] = self._seen(item)
-                    if out[i] is None:
+                    fresh[i] = out[i] is None
+                    if fresh[i]:
                         pages.append((i, item))
-                        fresh[i] = True
             ids = self._ids([p for _, p in pages])
             fps = [raw_fingerprint(p.body) for _, p in pages]
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.

@@ -51,7 +51,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import xxhash
@@ -69,12 +69,14 @@ from stream_dedup.core import tokens as toks  # noqa: E402
 from stream_dedup.core.decode import decode_html  # noqa: E402
 from stream_dedup.core.sketch import Sketcher  # noqa: E402
 from stream_dedup.core.tokens import Tokens  # noqa: E402
-from stream_dedup.index.base import CANONICAL, RAW, StoredDoc  # noqa: E402
+from stream_dedup.decide import decide_batch  # noqa: E402
+from stream_dedup.index.base import Claim, StoredDoc  # noqa: E402
 from stream_dedup.index.memory import MemoryIndex, SortedRunMultimap  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
 from stream_dedup.pipeline import (  # noqa: E402
     Analysis,
     Deduplicator,
+    _probe,
     canonical_fingerprint,
     raw_fingerprint,
 )
@@ -214,16 +216,17 @@ def speed_table(label: str, pages: Sequence[Page], passes: int) -> tuple[str, di
 # --- stage profile: check() rebuilt from the public pieces, with a clock ---------------------
 
 STAGES = (
-    "raw fp + exact lookups",
+    "raw fp + stored hint",
     "decode (charset)",
     "extract: depth check (_too_deep)",
     "extract: parse (lexbor)",
     "extract: walk + text",
     "tokenize (fold, classify, hash)",
-    "canonical fp + lookups",
+    "canonical fp",
     "sketch step (one kernel call)",
-    "index candidates",
-    "index insert",
+    "index lookup",
+    "decide step (pure)",
+    "index claim",
     "verification",
     "decide: bookkeeping (rest)",
 )
@@ -244,43 +247,30 @@ class Clock:
 
 
 class TimedIndex:
-    """Wraps the FeatureIndex of a Deduplicator: time inside the index goes to its stage,
-    time between index calls (inside decide) to REST."""
+    """Wraps the FeatureIndex of a Deduplicator: time inside each of its calls goes to that
+    call's stage, time between them to REST."""
+
+    STAGE = {"stored": "raw fp + stored hint", "lookup": "index lookup", "claim": "index claim"}
 
     def __init__(self, inner: Any, clock: Clock) -> None:
         self.inner = inner
         self.clock = clock
-        self.stamp = inner.stamp
 
     def __len__(self) -> int:
         return len(self.inner)
 
-    def __bool__(self) -> bool:
-        return True
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        stage = self.STAGE.get(name)
+        if stage is None:
+            return attr
 
-    def first_with(self, layer: int, fingerprint: int) -> int | None:
-        self.clock.lap(REST)
-        out = self.inner.first_with(layer, fingerprint)
-        self.clock.lap("raw fp + exact lookups" if layer == RAW else "canonical fp + lookups")
-        return cast("int | None", out)
-
-    def candidates(self, features: np.ndarray, min_shared: int) -> list[tuple[int, int]]:
-        self.clock.lap(REST)
-        out = self.inner.candidates(features, min_shared)
-        self.clock.lap("index candidates")
-        return cast("list[tuple[int, int]]", out)
-
-    def insert(self, doc: StoredDoc) -> int:
-        self.clock.lap(REST)
-        out = self.inner.insert(doc)
-        self.clock.lap("index insert")
-        return cast(int, out)
-
-    def doc(self, page_id: int) -> StoredDoc:
-        return cast(StoredDoc, self.inner.doc(page_id))
-
-    def stats(self) -> dict[str, float]:
-        return cast("dict[str, float]", self.inner.stats())
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self.clock.lap(REST)
+            out = attr(*args, **kwargs)
+            self.clock.lap(stage)
+            return out
+        return timed
 
 
 class VerifyObserver:
@@ -340,16 +330,14 @@ def _tokenize_timed(visible: str, clock: Clock) -> Tokens:
 
 
 def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool) -> Decision:
-    """Deduplicator.check rebuilt from the pure core functions and the public `decide`,
-    with a lap after each stage: lookups the exact layers first, sketches only pages that
-    no exact layer matched and that have min_shingles shingles, then the decide step check
-    itself runs (told that the exact layers were looked up), which queries candidates,
-    verifies and inserts.
-    Pages that do not parse cleanly (rejects) go through the real check."""
+    """Deduplicator.check rebuilt from its pieces, with a lap after each stage: the stored
+    hint (an exact copy of a stored page is only fingerprinted), the pure stages, then one
+    lookup, the pure decide step (verification inside it is counted apart) and the claim.
+    Pages that do not parse cleanly (rejects) and exact copies go through the real check."""
     s = dd.settings
     clock.lap(REST)
     raw_fp = raw_fingerprint(page.body)
-    if dd.index.first_with(RAW, raw_fp) is not None or len(page.body) > s.max_page_bytes:
+    if dd.index.stored([raw_fp])[0] or len(page.body) > s.max_page_bytes:
         d = dd.check(page)
         clock.lap(REST)
         return d
@@ -373,16 +361,21 @@ def profiled_check(dd: Deduplicator, page: Page, clock: Clock, check_copy: bool)
         text_length=int(tokens.codepoints.shape[0]),
         shingle_count=max(0, len(tokens) - s.shingle_words + 1),
     )
-    clock.lap("canonical fp + lookups")
-    matched = a.text_length > 0 and dd.index.first_with(CANONICAL, a.canonical_fp) is not None
-    if not matched and a.shingle_count >= s.min_shingles:
+    clock.lap("canonical fp")
+    if a.shingle_count >= s.min_shingles:
         sk, feats, sig = dd.analyzer.sketcher.page(tokens.hashes, tokens.codepoints)
         clock.lap("sketch step (one kernel call)")
         a = replace(a, sketch=sk, features=feats, ld_signature=sig)
-    # check's own decide step (private): decide() would look both exact layers up again
-    d = dd.decide(a) if matched else dd._decide_and_record(a, exact_checked=True)
-    clock.lap(REST)
-    return d
+    pid = dd.index.local_ids(1)[0]
+    probe = _probe(a, pid)
+    answers = dd.index.lookup([probe])
+    verdict = decide_batch([a], [pid], answers, s)[0]
+    clock.lap("decide step (pure)")
+    clock.acc["verification"] += verdict.verify_s
+    clock.acc["decide step (pure)"] -= verdict.verify_s
+    dd.index.claim([Claim(probe, verdict.doc, verdict.decision, verdict.depends_on)])
+    assert verdict.decision is not None
+    return verdict.decision
 
 
 def _same(a: Decision, b: Decision) -> bool:

@@ -172,3 +172,29 @@ def test_a_ranking_the_batch_changes_reads_only_records_it_has(url: str) -> None
             out += [v.decision for v in verdicts]
         results[name] = [(d.decision, d.reason) for d in out]
     assert results["redis"] == results["memory"]
+
+
+def test_many_instances_start_at_once(url: str) -> None:
+    """Eight indexes opened at the same moment (the first connection of redis-py's cluster
+    client has had bugs): each maps the cluster, loads the scripts, agrees on the stamp."""
+    settings = Settings()
+    opened: list[RedisIndex] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def open_one() -> None:
+        barrier.wait()
+        try:
+            opened.append(RedisIndex(url, settings.params.stamp))
+        except BaseException as exc:  # noqa: BLE001 (reported below)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(opened) == 8
+    assert all(index.ping() for index in opened)
+    for index in opened:
+        index.close()

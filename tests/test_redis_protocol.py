@@ -18,7 +18,8 @@ from stream_dedup import Settings
 from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
-from stream_dedup.index.redis import RedisIndex, record_key, set_key
+from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis_layout import record_key, set_key
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 

@@ -17,24 +17,14 @@ as one. The protocol, and why no interleaving of instances breaks it, is in READ
                its lease -> KEEP (with its verification record), else the page is decided
                again; a drop is recorded, and its id leaves its keys.
 
-Keys (ids: 13 bytes, big-endian `models.position_id`, so a set's members sort by time):
-
-    F<feature u64>, R<raw fp u64>, C<canonical fp u64>   sorted set of page ids (score 0)
-    P<id>       hash: s = state ("P" + lease end ms | "K" | "D"), f = flagged,
-                j = the decision (JSON, for re-deliveries), d = the verification record
-    stream-dedup:stamp, stream-dedup:pages                 sketch stamp, pages kept
-
-Every key expires `retention_days` after the crawl time of the newest page in it (see
-`expire_at`), and members older than that are trimmed from a set when a page joins it.
+What is stored where, and the scripts the server runs: redis_layout.py.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import random
-import struct
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -42,7 +32,6 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-import numpy as np
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
@@ -55,206 +44,30 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
-from ..models import Decision, DuplicateOf, position_id
+from ..models import position_id
 from .base import WAIT, Answer, Claim, Plan, Probe, StoredDoc, rank_candidates
+from .redis_layout import (
+    FORMAT,
+    PAGES,
+    SCRIPTS,
+    SHARDS,
+    STAMP,
+    decode_decision,
+    decode_doc,
+    encode_decision,
+    encode_doc,
+    id_bytes,
+    probe_keys,
+    record_key,
+    set_key,
+)
 
 log = logging.getLogger("stream_dedup.index")
 
-ID_BYTES = 13  # 98-bit ids (models.position_id)
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
-# Keys are spread over SHARDS hash tags: a round is one script call per shard it touches,
-# and a cluster can spread the index over up to SHARDS slots (nodes). Part of the layout:
-# every instance must agree (it is stored with the stamp).
-SHARDS = 256
-FORMAT = 1
-_STAMP, _PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
-# raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
-# are not kept: only the keys need them, and a dropped page's keys come from its probe)
-_DOC_HEAD = struct.Struct("<QQIHI")
-_NO_FEATURES = np.zeros(0, dtype=np.uint64)
-
-# Every script works on many keys of ONE shard (keys share a hash tag, so a cluster runs it
-# on one node): ARGV holds `n` values per key, in KEYS order. A round of the protocol is one
-# pipelined call per shard it touches, not one command per key.
-_LUA_NOW = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
-
-# Sets; per key: member, expiry (epoch s, '0' none). A member's score is its expiry (0:
-# none), so members past theirs go first, and the set lives as long as its newest member.
-_JOIN = _LUA_NOW + """
-for i, key in ipairs(KEYS) do
-  local m, at = ARGV[2 * i - 1], ARGV[2 * i]
-  if at ~= '0' then
-    redis.call('ZREMRANGEBYSCORE', key, '(0', '(' .. tostring(math.floor(now / 1000)))
-  end
-  redis.call('ZADD', key, at, m)
-  if at ~= '0' then
-    redis.call('EXPIREAT', key, at, 'NX')
-    redis.call('EXPIREAT', key, at, 'GT')
-  end
-end
-return #KEYS
-"""
-
-# Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest
-# (by expiry, then id: without retention, by id).
-_READ = """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local n, newest = ARGV[2 * i - 1], ARGV[2 * i]
-  if newest == '1' then
-    out[i] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, n)
-  else
-    out[i] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, n)
-  end
-end
-return out
-"""
-
-# Sets; per key: the member that leaves (a dropped page).
-_LEAVE = """
-for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[i]) end
-return #KEYS
-"""
-
-# Records; per key: lease (ms), expiry (epoch s, '0' none). Absent, or PENDING (an attempt
-# that did not finish): PENDING again with a new lease. Returns per key the state found
-# and the decision if it is final.
-_REGISTER = _LUA_NOW + """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local s = redis.call('HGET', key, 's')
-  if s and string.sub(s, 1, 1) ~= 'P' then
-    out[i] = {s, redis.call('HGET', key, 'j')}
-  else
-    redis.call('HSET', key, 's', 'P' .. tostring(now + tonumber(ARGV[2 * i - 1])))
-    if ARGV[2 * i] ~= '0' then redis.call('EXPIREAT', key, ARGV[2 * i]) end
-    out[i] = {s or '', false}
-  end
-end
-return out
-"""
-
-# Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
-# saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
-# within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
-# or its record not written yet though its keys are).
-_PEEK = _LUA_NOW + """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local s = redis.call('HGET', key, 's')
-  local c = s and string.sub(s, 1, 1) or ''
-  if c == 'P' then
-    if tonumber(string.sub(s, 2)) < now then
-      c = 'X'
-    elseif ARGV[i] == '1' then
-      redis.call('HSET', key, 'f', '1')
-    end
-  end
-  out[i] = c
-end
-return out
-"""
-
-# Records; per key: state (K or D), decision JSON, verification record ('' for a drop).
-# Only from PENDING within the lease and unflagged; a flag is cleared (read again).
-# Returns per key "ok", "flagged", "late" or the state found.
-_FINISH = _LUA_NOW + """
-local out = {}
-for i, key in ipairs(KEYS) do
-  local s = redis.call('HGET', key, 's')
-  if not s or string.sub(s, 1, 1) ~= 'P' then
-    out[i] = s or ''
-  elseif tonumber(string.sub(s, 2)) < now then
-    out[i] = 'late'
-  elseif redis.call('HDEL', key, 'f') == 1 then
-    out[i] = 'flagged'
-  else
-    redis.call('HSET', key, 's', ARGV[3 * i - 2], 'j', ARGV[3 * i - 1])
-    if ARGV[3 * i] ~= '' then redis.call('HSET', key, 'd', ARGV[3 * i]) end
-    out[i] = 'ok'
-  end
-end
-return out
-"""
-
-# Records; the verification record of each (false: gone).
-_RECORDS = """
-local out = {}
-for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'd') end
-return out
-"""
-
-SCRIPTS = {"join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER,
-           "peek": _PEEK, "finish": _FINISH, "records": _RECORDS}
-
-
-def id_bytes(page_id: int) -> bytes:
-    return page_id.to_bytes(ID_BYTES, "big")
-
-
-def _tag(shard: int) -> bytes:
-    return b"{%d}" % shard
-
-
-def record_key(page_id: int) -> bytes:
-    return _tag(page_id % SHARDS) + b"P" + id_bytes(page_id)
-
-
-def set_key(kind: bytes, value: int) -> bytes:
-    return _tag(value % SHARDS) + kind + value.to_bytes(8, "big")
-
-
-def probe_keys(p: Probe) -> list[bytes]:
-    """The sorted sets a page joins: raw, canonical (if it has text), one per feature."""
-    keys = [set_key(b"R", p.raw_fp)]
-    if p.canonical_fp is not None:
-        keys.append(set_key(b"C", p.canonical_fp))
-    if p.features is not None:
-        keys += [set_key(b"F", f) for f in p.features.tolist()]
-    return keys
-
-
-def encode_doc(doc: StoredDoc) -> bytes:
-    """The verification record: what the decide step reads of a stored page."""
-    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.sketch.shape[0],
-                          len(doc.ld_signature))
-    return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
-                     doc.url.encode("utf-8", "surrogatepass")))
-
-
-def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
-    raw_fp, canonical_fp, text_length, n, n_sig = _DOC_HEAD.unpack_from(raw)
-    pos = _DOC_HEAD.size
-    sketch = np.frombuffer(raw, "<u4", n, pos).astype(np.uint32)
-    pos += 4 * n
-    sig = bytes(raw[pos : pos + n_sig])
-    url = raw[pos + n_sig :].decode("utf-8", "surrogatepass")
-    return StoredDoc(url, _NO_FEATURES, sketch, sig, text_length, raw_fp, canonical_fp, None,
-                     page_id)
-
-
-def encode_decision(d: Decision) -> bytes:
-    """What a re-delivery needs to get the same decision (its url and source are its own)."""
-    dup = d.duplicate_of
-    return json.dumps([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
-                       d.shared_features, d.resemblance, d.ld_estimate, d.verified, d.short],
-                      separators=(",", ":")).encode()
-
-
-def decode_decision(raw: bytes) -> Decision:
-    """A recorded decision, without the url and source (the re-delivered page has them)."""
-    kind, reason, page_id, dup_id, dup_url, shared, res, ld, verified, short = json.loads(raw)
-    dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
-    return Decision(None, kind, reason, page_id=page_id, duplicate_of=dup,
-                    shared_features=shared, resemblance=res, ld_estimate=ld,
-                    verified=verified, short=short)
-
 
 def connect(url: str) -> redis.Redis | RedisCluster:
     """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
@@ -403,7 +216,7 @@ class RedisIndex:
         kept = sum(1 for c, ok in zip(claims, won, strict=True) if ok and c.doc is not None)
         if kept:
             with self._call("count"):
-                self.client.incrby(_PAGES, kept)
+                self.client.incrby(PAGES, kept)
             self.round_trips += 1
         return won
 
@@ -601,14 +414,14 @@ class RedisIndex:
     def _check_stamp(self) -> None:
         mine = f"{self.stamp}:{SHARDS}:{FORMAT}"
         with self._call("stamp"):
-            self.client.set(_STAMP, mine, nx=True)
-            stored = self.client.get(_STAMP).decode("utf-8", "replace")
+            self.client.set(STAMP, mine, nx=True)
+            stored = self.client.get(STAMP).decode("utf-8", "replace")
         if stored != mine:
             try:
                 stamp, shards, layout = (int(v) for v in stored.split(":"))
             except ValueError:
                 raise IndexMismatchError(
-                    f"the Redis at {self.url} holds something else at {_STAMP.decode()} "
+                    f"the Redis at {self.url} holds something else at {STAMP.decode()} "
                     f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
                     "database") from None
             why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings give "
@@ -659,7 +472,7 @@ class RedisIndex:
 
     def __len__(self) -> int:
         with self._call("count"):
-            return int(self.client.get(_PAGES) or 0)
+            return int(self.client.get(PAGES) or 0)
 
     def stats(self) -> dict[str, float]:
         """Pages kept, keys, and Redis memory summed over every primary."""

@@ -1,0 +1,214 @@
+"""What the Redis index stores, and where: key names, record encodings and the scripts that
+run on the server (redis.py holds the client side of the protocol).
+
+Ids are 13 bytes, big-endian `models.position_id`, so ids sort by time. Every key carries one
+of SHARDS hash tags, `{n}`, from its fingerprint, feature or page id, so that a round of the
+protocol is one script call per tag, and a cluster can spread the index over SHARDS slots:
+
+    {n}R<raw fp>, {n}C<canonical fp>, {n}F<feature>   sorted set of page ids, each scored by
+                                                      when it may go (0: never)
+    {n}P<id>   hash: s = state ("P" + lease end in ms | "K" | "D"), f = flagged, j = the
+               decision (for re-deliveries), d = the verification record (encode_doc)
+    stream-dedup:stamp   "<sketch stamp>:<SHARDS>:<FORMAT>"   stream-dedup:pages   pages kept
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+
+from ..models import Decision, DuplicateOf
+from .base import Probe, StoredDoc
+
+ID_BYTES = 13  # 98-bit ids (models.position_id)
+# Keys are spread over SHARDS hash tags: a round is one script call per shard it touches,
+# and a cluster can spread the index over up to SHARDS slots (nodes). Part of the layout:
+# every instance must agree (it is stored with the stamp).
+SHARDS = 256
+FORMAT = 1
+STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
+# raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
+# are not kept: only the keys need them, and a dropped page's keys come from its probe)
+_DOC_HEAD = struct.Struct("<QQIHI")
+_NO_FEATURES = np.zeros(0, dtype=np.uint64)
+
+# Every script works on many keys of ONE shard (keys share a hash tag, so a cluster runs it
+# on one node): ARGV holds `n` values per key, in KEYS order. A round of the protocol is one
+# pipelined call per shard it touches, not one command per key.
+_LUA_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# Sets; per key: member, expiry (epoch s, '0' none). A member's score is its expiry (0:
+# none), so members past theirs go first, and the set lives as long as its newest member.
+_JOIN = _LUA_NOW + """
+for i, key in ipairs(KEYS) do
+  local m, at = ARGV[2 * i - 1], ARGV[2 * i]
+  if at ~= '0' then
+    redis.call('ZREMRANGEBYSCORE', key, '(0', '(' .. tostring(math.floor(now / 1000)))
+  end
+  redis.call('ZADD', key, at, m)
+  if at ~= '0' then
+    redis.call('EXPIREAT', key, at, 'NX')
+    redis.call('EXPIREAT', key, at, 'GT')
+  end
+end
+return #KEYS
+"""
+
+# Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest
+# (by expiry, then id: without retention, by id).
+_READ = """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local n, newest = ARGV[2 * i - 1], ARGV[2 * i]
+  if newest == '1' then
+    out[i] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, n)
+  else
+    out[i] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, n)
+  end
+end
+return out
+"""
+
+# Sets; per key: the member that leaves (a dropped page).
+_LEAVE = """
+for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[i]) end
+return #KEYS
+"""
+
+# Records; per key: lease (ms), expiry (epoch s, '0' none). Absent, or PENDING (an attempt
+# that did not finish): PENDING again with a new lease. Returns per key the state found
+# and the decision if it is final.
+_REGISTER = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  if s and string.sub(s, 1, 1) ~= 'P' then
+    out[i] = {s, redis.call('HGET', key, 'j')}
+  else
+    redis.call('HSET', key, 's', 'P' .. tostring(now + tonumber(ARGV[2 * i - 1])))
+    if ARGV[2 * i] ~= '0' then redis.call('EXPIREAT', key, ARGV[2 * i]) end
+    out[i] = {s or '', false}
+  end
+end
+return out
+"""
+
+# Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
+# saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
+# within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
+# or its record not written yet though its keys are).
+_PEEK = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  local c = s and string.sub(s, 1, 1) or ''
+  if c == 'P' then
+    if tonumber(string.sub(s, 2)) < now then
+      c = 'X'
+    elseif ARGV[i] == '1' then
+      redis.call('HSET', key, 'f', '1')
+    end
+  end
+  out[i] = c
+end
+return out
+"""
+
+# Records; per key: state (K or D), decision JSON, verification record ('' for a drop).
+# Only from PENDING within the lease and unflagged; a flag is cleared (read again).
+# Returns per key "ok", "flagged", "late" or the state found.
+_FINISH = _LUA_NOW + """
+local out = {}
+for i, key in ipairs(KEYS) do
+  local s = redis.call('HGET', key, 's')
+  if not s or string.sub(s, 1, 1) ~= 'P' then
+    out[i] = s or ''
+  elseif tonumber(string.sub(s, 2)) < now then
+    out[i] = 'late'
+  elseif redis.call('HDEL', key, 'f') == 1 then
+    out[i] = 'flagged'
+  else
+    redis.call('HSET', key, 's', ARGV[3 * i - 2], 'j', ARGV[3 * i - 1])
+    if ARGV[3 * i] ~= '' then redis.call('HSET', key, 'd', ARGV[3 * i]) end
+    out[i] = 'ok'
+  end
+end
+return out
+"""
+
+# Records; the verification record of each (false: gone).
+_RECORDS = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'd') end
+return out
+"""
+
+SCRIPTS = {"join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER,
+           "peek": _PEEK, "finish": _FINISH, "records": _RECORDS}
+
+
+def id_bytes(page_id: int) -> bytes:
+    return page_id.to_bytes(ID_BYTES, "big")
+
+
+def _tag(shard: int) -> bytes:
+    return b"{%d}" % shard
+
+
+def record_key(page_id: int) -> bytes:
+    return _tag(page_id % SHARDS) + b"P" + id_bytes(page_id)
+
+
+def set_key(kind: bytes, value: int) -> bytes:
+    return _tag(value % SHARDS) + kind + value.to_bytes(8, "big")
+
+
+def probe_keys(p: Probe) -> list[bytes]:
+    """The sorted sets a page joins: raw, canonical (if it has text), one per feature."""
+    keys = [set_key(b"R", p.raw_fp)]
+    if p.canonical_fp is not None:
+        keys.append(set_key(b"C", p.canonical_fp))
+    if p.features is not None:
+        keys += [set_key(b"F", f) for f in p.features.tolist()]
+    return keys
+
+
+def encode_doc(doc: StoredDoc) -> bytes:
+    """The verification record: what the decide step reads of a stored page."""
+    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.sketch.shape[0],
+                          len(doc.ld_signature))
+    return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
+                     doc.url.encode("utf-8", "surrogatepass")))
+
+
+def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
+    raw_fp, canonical_fp, text_length, n, n_sig = _DOC_HEAD.unpack_from(raw)
+    pos = _DOC_HEAD.size
+    sketch = np.frombuffer(raw, "<u4", n, pos).astype(np.uint32)
+    pos += 4 * n
+    sig = bytes(raw[pos : pos + n_sig])
+    url = raw[pos + n_sig :].decode("utf-8", "surrogatepass")
+    return StoredDoc(url, _NO_FEATURES, sketch, sig, text_length, raw_fp, canonical_fp, None,
+                     page_id)
+
+
+def encode_decision(d: Decision) -> bytes:
+    """What a re-delivery needs to get the same decision (its url and source are its own)."""
+    dup = d.duplicate_of
+    return json.dumps([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
+                       d.shared_features, d.resemblance, d.ld_estimate, d.verified, d.short],
+                      separators=(",", ":")).encode()
+
+
+def decode_decision(raw: bytes) -> Decision:
+    """A recorded decision, without the url and source (the re-delivered page has them)."""
+    kind, reason, page_id, dup_id, dup_url, shared, res, ld, verified, short = json.loads(raw)
+    dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
+    return Decision(None, kind, reason, page_id=page_id, duplicate_of=dup,
+                    shared_features=shared, resemblance=res, ld_estimate=ld,
+                    verified=verified, short=short)

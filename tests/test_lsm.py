@@ -123,3 +123,15 @@ def test_other_ld_signature_parameters_are_refused(tmp_path: Path) -> None:
     with pytest.raises(IndexMismatchError, match="other sketch parameters"):
         Deduplicator(replace(default, ld_c=64))
     Deduplicator(default).close()
+
+
+@pytest.mark.parametrize("index", ["lsm", "redis"])
+def test_warm_from_is_refused_for_an_index_it_does_not_fill(index: str, tmp_path: Path) -> None:
+    """--warm-from fills a memory index; with another index it is an error, not ignored."""
+    from stream_dedup.errors import ConfigError
+    from stream_dedup.index import index_for
+
+    settings = Settings(index=index, index_path=str(tmp_path / "i"), warm_from=str(tmp_path),
+                        redis_url="redis://127.0.0.1:1")
+    with pytest.raises(ConfigError, match=f"does not apply to {index}"):
+        index_for(settings)

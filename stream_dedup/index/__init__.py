@@ -30,36 +30,31 @@ SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = 
 }
 
 
-def open_index(kind: str, stamp: int, max_posting: int, path: str = "",
-               warm_from: str = "") -> FeatureIndex:
-    """The memory or LSM index the settings ask for; a memory index may start from an LSM
-    snapshot. (The Redis index needs more settings: `index_for`.)"""
-    if warm_from:
-        if kind != "memory":
+def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
+    """The index `settings` ask for: memory (started from an LSM snapshot with warm_from),
+    LSM, or Redis (`observe(operation, seconds, failed)` hears its round trips)."""
+    s = settings
+    if s.warm_from:
+        if s.index != "memory":
             from ..errors import ConfigError
 
-            raise ConfigError("--warm-from fills a memory index; it does not apply to lsm")
+            raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
         from .lsm import LsmIndex
 
-        snapshot = LsmIndex(warm_from, stamp, max_posting, create=False)
+        snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)
         try:
             return MemoryIndex.warm_from(snapshot)
         finally:
             snapshot.close()
-    return SUPPORTED_INDEXES[kind](stamp, max_posting, Path(path) if path else None)
-
-
-def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
-    """The index `settings` ask for (`observe(operation, seconds, failed)`: Redis calls)."""
-    s = settings
     if s.index == "redis":
         from .redis import RedisIndex
 
         return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
                           retention_days=s.retention_days, threshold=s.threshold,
                           max_candidates=s.verify_max_candidates, observe=observe)
-    return open_index(s.index, s.params.stamp, s.max_posting, s.index_path, s.warm_from)
+    return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
+                                      Path(s.index_path) if s.index_path else None)
 
 
 __all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc",
-           "index_for", "open_index"]
+           "index_for"]

@@ -83,8 +83,7 @@ class Verdict:
 class Overlay:
     """The pages kept so far in this batch, as the index would hold them."""
 
-    def __init__(self, cap: int) -> None:
-        self.cap = cap
+    def __init__(self) -> None:
         self.docs: list[StoredDoc] = []
         self.batch_index: list[int] = []
         self.raw: dict[int, int] = {}
@@ -123,7 +122,7 @@ def decide_batch(
     """Verdicts for analysed pages (no errors) in input order; `answers[i]` is the index's
     answer for `analyses[i]`, whose id is `page_ids[i]`. `keep_ids` False: kept pages get
     no page_id in their decision (a question, not a decision)."""
-    overlay = Overlay(settings.max_posting)
+    overlay = Overlay()
     out = []
     for i, (a, pid, answer) in enumerate(zip(analyses, page_ids, answers, strict=True)):
         v = _decide(a, pid, answer, overlay, settings, keep_ids)

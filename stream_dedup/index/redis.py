@@ -182,7 +182,7 @@ class RedisIndex:
         if register:  # (a question asked meanwhile, /v1/check, does not reset the clock)
             self._wait(waiting)
         docs = self._docs(list(need))
-        while len(docs) < len(need):  # some page expired meanwhile: it is not there
+        while any(h not in docs for h in need):  # some page expired meanwhile: gone
             need = {h: None for answer in out if answer.prior is None
                     for h in self._without(answer, docs, need)}
             docs.update(self._docs([h for h in need if h not in docs]))

@@ -34,6 +34,7 @@ from opskit import (
     samples,
     wait_for,
 )
+from test_service import committed_and_end
 
 from stream_dedup.sample import build
 
@@ -115,6 +116,10 @@ def running(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> I
             return bool(stats["pages"] == len(messages) and stats["kafka"]["consumer_lag"]
                         and stats["kafka"]["consumer_lag_total"] == 0)
         wait_for("every message decided and the lag seen at 0", done, timeout=120)
+        # Decided is not yet delivered: the delivery metrics move once the broker acknowledged
+        # a batch, before its commit.
+        wait_for("every batch committed", lambda: committed_and_end(
+            kafka_bootstrap, t["input"], t["group"])[0] == len(messages), timeout=60)
         yield Running(url, t, len(messages), with_fetch_time, kafka_bootstrap, log)
     finally:
         if proc.poll() is None:

@@ -2,12 +2,13 @@
 as one. The protocol, and why no interleaving of instances breaks it, is in README.md
 ("Scale-out"); in short:
 
-    register   every page of a batch, before anything is read: its record goes from absent
-               to PENDING (with a lease), and its id joins the sorted set of each of its
-               keys (raw fingerprint, canonical fingerprint, each feature);
-    read       each key's members (after *all* of the batch's registrations: of two pages
-               sharing a key, the one that reads last sees the other), then the record of
-               every member from another batch:
+    register   every page of a batch: its record goes from absent to PENDING (with a
+               lease); then, in the next round trip,
+    join       each page's id joins the sorted set of each of its keys (raw fingerprint,
+               canonical fingerprint, each feature), and the set is read in the same
+               script call: of two pages sharing a key, the one joining later sees the
+               other, whose record is PENDING at least. Then the record of every member
+               from another batch is read (peek):
                  KEEP -> a stored page (the decide step may drop against it);
                  DROP, or a lease run out -> nothing;
                  PENDING and younger than the page that saw it -> flagged: it must read
@@ -68,6 +69,7 @@ LEASE_MS = 60_000  # a PENDING record no instance finished within this is treate
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
+_CALL_KEYS = 2_000  # keys per script call at most (a call holds its node while it runs)
 
 def connect(url: str) -> redis.Redis | RedisCluster:
     """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
@@ -114,6 +116,7 @@ class RedisIndex:
         # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
         self.round_trips = self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
+        self._nodes_of: tuple[Any, dict[bytes, str]] = (None, {})  # slot map, tag -> node
         # A final state never changes, nor a kept page's record: both are cached (bounded;
         # a page gone by retention drops out when its record is found missing).
         self._final: OrderedDict[int, str] = OrderedDict()
@@ -130,9 +133,11 @@ class RedisIndex:
         keys = [probe_keys(p) for p in probes]
         priors: list[Any] = [None] * len(probes)
         if register:
-            priors = self._register(probes, keys)
-        joined = Counter(key for page_keys in keys for key in page_keys) if register else {}
-        members = self._read(keys, joined)
+            priors = self._register(probes)
+        # A page decided before (delivered again) neither joins nor reads: it has its answer.
+        joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
+                         if prior is None for key in page_keys) if register else {}
+        members = self._read(probes, keys, priors, joined if register else None)
         mine = {p.page_id for p in probes}
         # Every page of another batch seen, with the smallest page of this batch that saw it.
         seen: dict[int, int] = {}
@@ -245,30 +250,43 @@ class RedisIndex:
         now = int(time.time())
         return max((page_id >> 56) // 1000 + self.retention_s, now + min(3600, self.retention_s))
 
-    def _register(self, probes: Sequence[Probe], keys: list[list[bytes]]) -> list[Any]:
-        joins, records = [], []
-        for p, page_keys in zip(probes, keys, strict=True):
-            at = self.expire_at(p.page_id)
-            records.append((record_key(p.page_id), (LEASE_MS, at)))
-            member = id_bytes(p.page_id)
-            joins += [(key, (member, at)) for key in page_keys]
+    def _register(self, probes: Sequence[Probe]) -> list[Any]:
+        """Each page's record PENDING (before any of its keys is joined: a page that sees
+        it in a set finds its record), or the decision it already has."""
         with self._call("register"):
-            found = self._rounds(("register", records), ("join", joins))[0]
+            found = self._rounds(("register", [
+                (record_key(p.page_id), (LEASE_MS, self.expire_at(p.page_id)))
+                for p in probes]))[0]
         return [decode_decision(record) if record else None for _, record in found]
 
-    def _read(self, keys: list[list[bytes]], mine: Mapping[bytes, int]) -> list[list[list[int]]]:
+    def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], priors: list[Any],
+              joined: Mapping[bytes, int] | None) -> list[list[list[int]]]:
         """Each key's members, oldest first: exact layers their first few, features their
-        most recent `cap`, plus slack for pending and dropped ones and room for the
-        `mine[key]` members of this batch (they would push stored ones out of the window)."""
-        def window(key: bytes) -> tuple[int, int]:
-            feature = key[key.index(b"}") + 1 :][:1] == b"F"
-            return (self.cap if feature else 0) + _READ_SLACK + mine.get(key, 0), int(feature)
+        most recent `cap`, plus slack for pending and dropped ones. With `joined` (the
+        batch's own members per key), each page first joins its keys, in the same script
+        call (so of two pages sharing a key, the later call sees the other), and the window
+        has room for the batch's members (they would push stored ones out of it)."""
+        mine = joined or {}
 
-        with self._call("read"):
-            replies = iter(self._rounds(("read", [
-                (key, window(key)) for page_keys in keys for key in page_keys]))[0])
+        def window(key: bytes) -> tuple[int, int]:
+            if key[key.index(b"}") + 1] == 70:  # b"F": a feature, its newest members
+                return self.cap + _READ_SLACK + mine.get(key, 0), 1
+            return _READ_SLACK + mine.get(key, 0), 0
+
+        entries = []
+        for p, page_keys, prior in zip(probes, keys, priors, strict=True):
+            if prior is not None:
+                continue
+            if joined is None:
+                entries += [(key, window(key)) for key in page_keys]
+            else:
+                member, at = id_bytes(p.page_id), self.expire_at(p.page_id)
+                entries += [(key, (member, at, *window(key))) for key in page_keys]
+        with self._call("read" if joined is None else "join"):
+            replies = iter(self._rounds(("read" if joined is None else "join", entries))[0])
         return [[sorted(int.from_bytes(m, "big") for m in next(replies)) for _ in page_keys]
-                for page_keys in keys]
+                if prior is None else [[] for _ in page_keys]
+                for page_keys, prior in zip(keys, priors, strict=True)]
 
     def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
         states = {q: self._final[q] for q in seen if q in self._final}
@@ -352,22 +370,26 @@ class RedisIndex:
     def _rounds(self, *calls: tuple[str, Sequence[tuple[bytes, Sequence[Any]]]]) -> list[
             list[Any]]:
         """One pipelined round trip: for each (script, [(key, values)]), one script call per
-        shard its keys fall in. Per call, the script's result per key, in the order given."""
+        node its keys are on (per _CALL_KEYS keys). Per call, the script's result per key,
+        in the order given."""
         groups = []
+        node_of = self._node_of()
         for script, entries in calls:
-            shards: dict[bytes, list[int]] = {}
+            nodes: dict[Any, list[int]] = {}
             for i, (key, _) in enumerate(entries):
-                shards.setdefault(key[: key.index(b"}") + 1], []).append(i)
-            groups.append((script, entries, list(shards.values())))
+                nodes.setdefault(node_of(key), []).append(i)
+            groups.append((script, entries, [idx[j : j + _CALL_KEYS] for idx in nodes.values()
+                                             for j in range(0, len(idx), _CALL_KEYS)]))
         if not any(entries for _, entries, _ in groups):
             return [[] for _ in calls]
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
-            for script, entries, shards in groups:
-                for idx in shards:
-                    pipe.execute_command("EVALSHA", self._sha[script], len(idx),
-                                         *(entries[i][0] for i in idx),
-                                         *(v for i in idx for v in entries[i][1]))
+            for script, entries, calls_ in groups:
+                for idx in calls_:
+                    # KEYS[1] routes the call to the node; the keys are in ARGV (redis_layout)
+                    pipe.execute_command("EVALSHA", self._sha[script], 1, entries[idx[0]][0],
+                                         *(v for i in idx for v in (entries[i][0],
+                                                                    *entries[i][1])))
             try:
                 replies = iter(self._execute(pipe))
                 break
@@ -376,15 +398,33 @@ class RedisIndex:
                     raise
                 self._load_scripts()
         out = []
-        for _, entries, shards in groups:
+        for _, entries, calls_ in groups:
             results: list[Any] = [None] * len(entries)
-            for idx in shards:
+            for idx in calls_:
                 reply = next(replies)
                 for i, r in zip(idx, reply if isinstance(reply, list) else [reply] * len(idx),
                                 strict=True):
                     results[i] = r
             out.append(results)
         return out
+
+    def _node_of(self) -> Callable[[bytes], Any]:
+        """key -> the node serving it now (one node for a plain Redis), by its hash tag
+        (remembered until the client learns a new slot map)."""
+        if not isinstance(self.client, RedisCluster):
+            return lambda key: None
+        nodes = self.client.nodes_manager
+        if self._nodes_of[0] is not nodes.slots_cache:
+            self._nodes_of = (nodes.slots_cache, {})
+        by_tag = self._nodes_of[1]
+
+        def node_of(key: bytes) -> str:
+            tag = key[: key.index(b"}") + 1]
+            node = by_tag.get(tag)
+            if node is None:
+                node = by_tag[tag] = nodes.get_node_from_slot(self.client.keyslot(tag)).name
+            return node
+        return node_of
 
     def _load_scripts(self) -> None:
         for source in SCRIPTS.values():

@@ -2,8 +2,8 @@
 run on the server (redis.py holds the client side of the protocol).
 
 Ids are 13 bytes, big-endian `models.position_id`, so ids sort by time. Every key carries one
-of SHARDS hash tags, `{n}`, from its fingerprint, feature or page id, so that a round of the
-protocol is one script call per tag, and a cluster can spread the index over SHARDS slots:
+of SHARDS hash tags, `{n}`, from its fingerprint, feature or page id, so that a cluster
+spreads the index evenly over its nodes (a round of the protocol is one script call per node):
 
     {n}R<raw fp>, {n}C<canonical fp>, {n}F<feature>   sorted set of page ids, each scored by
                                                       when it may go (0: never)
@@ -23,30 +23,37 @@ from ..models import Decision, DuplicateOf
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
-# Keys are spread over SHARDS hash tags: a round is one script call per shard it touches,
-# and a cluster can spread the index over up to SHARDS slots (nodes). Part of the layout:
-# every instance must agree (it is stored with the stamp).
-SHARDS = 256
-FORMAT = 1
+# Keys are spread over SHARDS hash tags, so a cluster can spread the index evenly over up
+# to ~SHARDS / 10 primaries. Part of the layout: every instance must agree (it is stored
+# with the stamp).
+SHARDS = 1024
+FORMAT = 2
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 # raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
 # are not kept: only the keys need them, and a dropped page's keys come from its probe)
 _DOC_HEAD = struct.Struct("<QQIHI")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 
-# Every script works on many keys of ONE shard (keys share a hash tag, so a cluster runs it
-# on one node): ARGV holds `n` values per key, in KEYS order. A round of the protocol is one
-# pipelined call per shard it touches, not one command per key.
+# Every script works on many keys of ONE node: a round of the protocol is one pipelined
+# call per node (not per key, nor per hash tag). A cluster lets a script declare keys of
+# one slot only, so the keys travel in ARGV, each followed by its values (a fixed number
+# per script), and KEYS[1], one of them, only routes the call; the flag lets the script
+# touch keys of every slot the node serves (a slot that moved meanwhile fails the call:
+# the batch is tried again once the client knows the new owner).
+_FLAGS = "#!lua flags=allow-cross-slot-keys\n"
 _LUA_NOW = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# Sets; per key: member, expiry (epoch s, '0' none). A member's score is its expiry (0:
-# none), so members past theirs go first, and the set lives as long as its newest member.
-_JOIN = _LUA_NOW + """
-for i, key in ipairs(KEYS) do
-  local m, at = ARGV[2 * i - 1], ARGV[2 * i]
+# Sets; per key: member, expiry (epoch s, '0' none), then what to read as _READ does. A
+# member's score is its expiry (0: none), so members past theirs go first, and the set
+# lives as long as its newest member. Returns per key the members read (the page's own
+# among them).
+_JOIN = _FLAGS + _LUA_NOW + """
+local out = {}
+for i = 1, #ARGV, 5 do
+  local key, m, at = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   if at ~= '0' then
     redis.call('ZREMRANGEBYSCORE', key, '(0', '(' .. tostring(math.floor(now / 1000)))
   end
@@ -55,44 +62,51 @@ for i, key in ipairs(KEYS) do
     redis.call('EXPIREAT', key, at, 'NX')
     redis.call('EXPIREAT', key, at, 'GT')
   end
+  if ARGV[i + 4] == '1' then
+    out[#out + 1] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
+                               ARGV[i + 3])
+  else
+    out[#out + 1] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, ARGV[i + 3])
+  end
 end
-return #KEYS
+return out
 """
 
 # Sets; per key: how many members, '1' for the newest (features) or '0' for the oldest
 # (by expiry, then id: without retention, by id).
-_READ = """
+_READ = _FLAGS + """
 local out = {}
-for i, key in ipairs(KEYS) do
-  local n, newest = ARGV[2 * i - 1], ARGV[2 * i]
-  if newest == '1' then
-    out[i] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, n)
+for i = 1, #ARGV, 3 do
+  local key, n = ARGV[i], ARGV[i + 1]
+  if ARGV[i + 2] == '1' then
+    out[#out + 1] = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, n)
   else
-    out[i] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, n)
+    out[#out + 1] = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0, n)
   end
 end
 return out
 """
 
 # Sets; per key: the member that leaves (a dropped page).
-_LEAVE = """
-for i, key in ipairs(KEYS) do redis.call('ZREM', key, ARGV[i]) end
-return #KEYS
+_LEAVE = _FLAGS + """
+for i = 1, #ARGV, 2 do redis.call('ZREM', ARGV[i], ARGV[i + 1]) end
+return 0
 """
 
 # Records; per key: lease (ms), expiry (epoch s, '0' none). Absent, or PENDING (an attempt
 # that did not finish): PENDING again with a new lease. Returns per key the state found
 # and the decision if it is final.
-_REGISTER = _LUA_NOW + """
+_REGISTER = _FLAGS + _LUA_NOW + """
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #ARGV, 3 do
+  local key = ARGV[i]
   local s = redis.call('HGET', key, 's')
   if s and string.sub(s, 1, 1) ~= 'P' then
-    out[i] = {s, redis.call('HGET', key, 'j')}
+    out[#out + 1] = {s, redis.call('HGET', key, 'j')}
   else
-    redis.call('HSET', key, 's', 'P' .. tostring(now + tonumber(ARGV[2 * i - 1])))
-    if ARGV[2 * i] ~= '0' then redis.call('EXPIREAT', key, ARGV[2 * i]) end
-    out[i] = {s or '', false}
+    redis.call('HSET', key, 's', 'P' .. tostring(now + tonumber(ARGV[i + 1])))
+    if ARGV[i + 2] ~= '0' then redis.call('EXPIREAT', key, ARGV[i + 2]) end
+    out[#out + 1] = {s or '', false}
   end
 end
 return out
@@ -102,19 +116,20 @@ return out
 # saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
 # within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
 # or its record not written yet though its keys are).
-_PEEK = _LUA_NOW + """
+_PEEK = _FLAGS + _LUA_NOW + """
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #ARGV, 2 do
+  local key = ARGV[i]
   local s = redis.call('HGET', key, 's')
   local c = s and string.sub(s, 1, 1) or ''
   if c == 'P' then
     if tonumber(string.sub(s, 2)) < now then
       c = 'X'
-    elseif ARGV[i] == '1' then
+    elseif ARGV[i + 1] == '1' then
       redis.call('HSET', key, 'f', '1')
     end
   end
-  out[i] = c
+  out[#out + 1] = c
 end
 return out
 """
@@ -122,29 +137,30 @@ return out
 # Records; per key: state (K or D), decision JSON, verification record ('' for a drop).
 # Only from PENDING within the lease and unflagged; a flag is cleared (read again).
 # Returns per key "ok", "flagged", "late" or the state found.
-_FINISH = _LUA_NOW + """
+_FINISH = _FLAGS + _LUA_NOW + """
 local out = {}
-for i, key in ipairs(KEYS) do
+for i = 1, #ARGV, 4 do
+  local key = ARGV[i]
   local s = redis.call('HGET', key, 's')
   if not s or string.sub(s, 1, 1) ~= 'P' then
-    out[i] = s or ''
+    out[#out + 1] = s or ''
   elseif tonumber(string.sub(s, 2)) < now then
-    out[i] = 'late'
+    out[#out + 1] = 'late'
   elseif redis.call('HDEL', key, 'f') == 1 then
-    out[i] = 'flagged'
+    out[#out + 1] = 'flagged'
   else
-    redis.call('HSET', key, 's', ARGV[3 * i - 2], 'j', ARGV[3 * i - 1])
-    if ARGV[3 * i] ~= '' then redis.call('HSET', key, 'd', ARGV[3 * i]) end
-    out[i] = 'ok'
+    redis.call('HSET', key, 's', ARGV[i + 1], 'j', ARGV[i + 2])
+    if ARGV[i + 3] ~= '' then redis.call('HSET', key, 'd', ARGV[i + 3]) end
+    out[#out + 1] = 'ok'
   end
 end
 return out
 """
 
 # Records; the verification record of each (false: gone).
-_RECORDS = """
+_RECORDS = _FLAGS + """
 local out = {}
-for i, key in ipairs(KEYS) do out[i] = redis.call('HGET', key, 'd') end
+for i = 1, #ARGV do out[i] = redis.call('HGET', ARGV[i], 'd') end
 return out
 """
 

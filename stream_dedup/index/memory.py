@@ -13,17 +13,20 @@ For features a chance match costs nothing: a near-duplicate needs r shared featu
 page, and sampled verification compares full sketches. For the exact layers, where a match
 drops a page unverified, every hit is confirmed against the full 64-bit fingerprint in the
 page's document record. 6 features + 2 fingerprints = 64 bytes a page.
+
+The document records (what verification reads) are columns too (DocArena): the sketch, a
+fixed row and two byte arenas, ~620 bytes a typical page instead of ~1.1 KB of objects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import IndexMismatchError
-from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
+from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
 
 try:
     from ..core import _native
@@ -34,7 +37,9 @@ if TYPE_CHECKING:
     from .lsm import LsmIndex
 
 _MEMTABLE_MAX = 8192
-_GONE = StoredDoc("", np.zeros(0, np.uint64), np.zeros(0, np.uint32), b"", 0, 0, 0)
+_NO_FEATURES = np.zeros(0, np.uint64)
+_NO_SKETCH = np.zeros(0, np.uint32)
+_GONE = StoredDoc("", _NO_FEATURES, _NO_SKETCH, b"", 0, 0, 0)
 
 
 _KEY_MASK = 0xFFFFFFFF
@@ -178,6 +183,144 @@ class SortedRunMultimap:
         return sum(k.nbytes + v.nbytes for k, v in self._runs) + self._mem_entries * 12
 
 
+_SHIFT = 16
+_CHUNK, _AT = 1 << _SHIFT, (1 << _SHIFT) - 1  # rows per chunk of a DocArena column; row -> at
+
+
+class _Column:
+    """Fixed-size values in chunks of _CHUNK rows (`width` values a row; 0: one value): a
+    growing column is never copied, and a chunk's rows not yet written are not resident."""
+
+    def __init__(self, dtype: type, width: int = 0) -> None:
+        self.dtype, self.width = dtype, width
+        self.chunks: list[np.ndarray] = []
+        self.rows = 0
+
+    def extend(self, values: np.ndarray) -> None:
+        done = 0
+        while done < len(values):
+            at = self.rows % _CHUNK
+            if at == 0:
+                self.chunks.append(np.empty((_CHUNK, self.width) if self.width else _CHUNK,
+                                            self.dtype))
+            n = min(len(values) - done, _CHUNK - at)
+            self.chunks[-1][at : at + n] = values[done : done + n]
+            done += n
+            self.rows += n
+
+    def __getitem__(self, row: int) -> Any:
+        return self.chunks[row >> _SHIFT][row & _AT]
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * np.dtype(self.dtype).itemsize * max(1, self.width)
+
+
+class _Bytes:
+    """Values of any length end to end, a bytearray per chunk of _CHUNK rows; where a row
+    ends in its chunk is kept by the caller."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytearray] = []
+
+    def extend(self, first_row: int, values: Sequence[bytes]) -> np.ndarray:
+        """Append the values of rows first_row...; where each ends in its chunk."""
+        ends = np.empty(len(values), np.uint32)
+        for i, value in enumerate(values):
+            if (first_row + i) % _CHUNK == 0:
+                self.chunks.append(bytearray())
+            chunk = self.chunks[-1]
+            chunk += value
+            ends[i] = len(chunk)
+        return ends
+
+    def get(self, row: int, start: int, end: int) -> bytes:
+        return bytes(self.chunks[row >> _SHIFT][start:end])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+# A DocArena row's fixed part: one structured value, read in one step.
+_ROW = np.dtype([("raw_fp", "<u8"), ("canonical_fp", "<u8"), ("id_high", "<u8"),
+                 ("id_low", "<u8"), ("text_length", "<u4"), ("sig_end", "<u4"),
+                 ("url_end", "<u4"), ("sketched", "?")])
+
+
+class DocArena:
+    """Kept pages' records as columns, not objects: per page, its sketch (4 bytes a
+    min-hash), a fixed row (fingerprints, id, text length, where its LD signature and URL
+    end), and its LD signature and URL end to end in byte arenas. A StoredDoc per page
+    cost ~1.1 KB of Python objects (bench/memory.py); a row here costs its data and 41
+    bytes. Reading a row builds its StoredDoc (what verification reads; the page's
+    features live in the index, not here)."""
+
+    def __init__(self) -> None:
+        self._sketch: _Column | None = None  # made with the first sketch: its width
+        self._rows = _Column(_ROW)
+        self._signatures = _Bytes()
+        self._urls = _Bytes()
+
+    def __len__(self) -> int:
+        return self._rows.rows
+
+    def extend(self, docs: Sequence[StoredDoc]) -> None:
+        if not docs:
+            return
+        first = len(self)
+        widths = {d.sketch.shape[0] for d in docs} - {0}
+        if self._sketch is None and widths:
+            self._sketch = _Column(np.uint32, min(widths))
+            self._sketch.extend(np.zeros((first, self._sketch.width), np.uint32))
+        if self._sketch is not None:
+            if widths - {self._sketch.width}:
+                raise ValueError(f"sketches of {sorted(widths)} values in an index of "
+                                 f"{self._sketch.width}")
+            blank = np.zeros(self._sketch.width, np.uint32)
+            self._sketch.extend(np.stack([d.sketch if d.sketch.shape[0] else blank
+                                          for d in docs]))
+        rows = np.empty(len(docs), _ROW)
+        rows["sig_end"] = self._signatures.extend(first, [d.ld_signature for d in docs])
+        rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
+                                                    for d in docs])
+        for name, values in (
+                ("raw_fp", [d.raw_fp for d in docs]),
+                ("canonical_fp", [d.canonical_fp for d in docs]),
+                ("id_high", [d.page_id >> 64 for d in docs]),
+                ("id_low", [d.page_id & 0xFFFFFFFFFFFFFFFF for d in docs]),
+                ("text_length", [d.text_length for d in docs]),
+                ("sketched", [d.sketch.shape[0] > 0 for d in docs])):
+            rows[name] = values
+        self._rows.extend(rows)
+
+    def fingerprint(self, row: int, layer: int) -> int:
+        """The row's RAW or CANONICAL fingerprint."""
+        return int(self._rows[row][layer])
+
+    def __getitem__(self, row: int) -> StoredDoc:
+        if not 0 <= row < len(self):
+            raise IndexError(row)
+        chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
+        raw_fp, canonical_fp, high, low, text_length, sig_end, url_end, sketched = (
+            chunk[at].item())
+        sig_start, url_start = chunk[at - 1].item()[5:7] if at else (0, 0)
+        sketch = _NO_SKETCH
+        if sketched:
+            assert self._sketch is not None
+            sketch = self._sketch[row]
+        url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
+        return StoredDoc(url, _NO_FEATURES, sketch, self._signatures.get(row, sig_start, sig_end),
+                         text_length, raw_fp, canonical_fp, None, high << 64 | low)
+
+    @property
+    def nbytes(self) -> dict[str, int]:
+        """Bytes held per part (written rows: a chunk's unwritten rows are not resident)."""
+        return {"sketch": self._sketch.nbytes if self._sketch else 0,
+                "fixed": self._rows.nbytes, "ld_signature": self._signatures.nbytes,
+                "url": self._urls.nbytes}
+
+
 class MemoryIndex(LocalIndex):
     """The default backend. Holds everything in this process; gone when it exits."""
 
@@ -188,8 +331,7 @@ class MemoryIndex(LocalIndex):
         self._features = SortedRunMultimap(cap=max_posting, keep="last")
         # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
         self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
-        self._docs: list[StoredDoc] = []
-        self._doc_bytes = 0  # running total: stats() must not walk millions of records
+        self._docs = DocArena()
         self._offsets: dict[str, int] = {}
 
     def check_stamp(self, stamp: int) -> None:
@@ -211,22 +353,28 @@ class MemoryIndex(LocalIndex):
         """The first row with this RAW or CANONICAL fingerprint (32-bit keys: confirmed
         against the record's full fingerprint)."""
         for row in self._exact[layer].values(fingerprint):
-            doc = self._docs[row]
-            if (doc.raw_fp if layer == RAW else doc.canonical_fp) == fingerprint:
+            if self._docs.fingerprint(row, layer) == fingerprint:
                 return row
         return None
 
     def insert(self, doc: StoredDoc) -> int:
         """Store a kept page; its row."""
-        page_id = len(self._docs)
-        self._docs.append(doc)
-        self._doc_bytes += (doc.sketch.nbytes + doc.features.nbytes + len(doc.ld_signature)
-                            + len(doc.url))
-        self._features.add_many(doc.features, page_id)
-        self._exact[RAW].add(doc.raw_fp, page_id)
-        if doc.text_length > 0:
-            self._exact[CANONICAL].add(doc.canonical_fp, page_id)
-        return page_id
+        self._extend([doc])
+        return len(self._docs) - 1
+
+    def claim(self, claims: Sequence[Claim]) -> list[bool]:
+        self._extend([c.doc for c in claims if c.doc is not None])
+        return [True] * len(claims)
+
+    def _extend(self, docs: list[StoredDoc]) -> None:
+        row = len(self._docs)
+        self._docs.extend(docs)
+        for doc in docs:
+            self._features.add_many(doc.features, row)
+            self._exact[RAW].add(doc.raw_fp, row)
+            if doc.text_length > 0:
+                self._exact[CANONICAL].add(doc.canonical_fp, row)
+            row += 1
 
     def doc(self, row: int) -> StoredDoc:
         return self._docs[row]
@@ -251,8 +399,8 @@ class MemoryIndex(LocalIndex):
         """A memory index holding every committed page of an LSM index (same rows)."""
         index = cls(lsm.stamp, lsm.max_posting)
         for row, doc in lsm.stored_docs():
-            while len(index._docs) < row:  # rows of expired pages stay unused
-                index._docs.append(_GONE)
+            if len(index._docs) < row:  # rows of expired pages stay unused
+                index._docs.extend([_GONE] * (row - len(index._docs)))
             index.insert(doc)
         index._offsets = lsm.offsets()
         index._next_local = lsm.local_ids(0).start
@@ -266,5 +414,5 @@ class MemoryIndex(LocalIndex):
             "feature_entries": len(self._features),
             "index_bytes": index_bytes,
             "index_bytes_per_page": index_bytes / pages if pages else 0.0,
-            "doc_store_bytes": self._doc_bytes,
+            "doc_store_bytes": sum(self._docs.nbytes.values()),
         }

@@ -16,7 +16,7 @@ from . import __version__
 from .config import Settings
 from .core import theory
 from .core.sketch import FAMILIES
-from .errors import StreamDedupError
+from .errors import ConfigError, StreamDedupError
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -174,25 +174,48 @@ def _serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(_settings(args), faults=faults))
 
 
+def _writable(path: str | None, flag: str) -> None:
+    """Fail before any work if an output file cannot be created where it is asked for."""
+    if path and path != "-" and not Path(path).absolute().parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the directory {Path(path).parent} does not exist")
+
+
+def _bad_inputs(unreadable: Sequence[str], allowed: bool) -> int:
+    """The exit status a replay's unreadable inputs call for (they are named already)."""
+    if not unreadable or allowed:
+        return 0
+    print(f"stream-dedup: {len(unreadable)} input(s) could not be read (named above); "
+          "exit status 1 (--allow-bad-inputs accepts them)", file=sys.stderr)
+    return 1
+
+
 def _replay(args: argparse.Namespace) -> int:
     from .replay import replay
     from .sinks import JsonlSink
 
     settings = _settings(args)
+    if args.to_kafka and args.output:
+        raise ConfigError("-o/--output and --to-kafka exclude each other: --to-kafka sends "
+                          "the pages to Kafka for `serve` to decide, and writes no decisions")
+    if not args.to_kafka and not args.output:
+        raise ConfigError("replay needs -o/--output FILE (or --to-kafka TOPIC)")
+    for path, flag in ((args.output, "-o"), (args.dead_letter, "--dead-letter"),
+                       (args.summary_json, "--summary-json")):
+        _writable(path, flag)
     missing = [p for p in args.inputs if not Path(p).exists()]
-    if missing and not args.keep_going:
-        print(f"stream-dedup: no such input file(s): {', '.join(missing)}", file=sys.stderr)
+    if missing and not args.allow_bad_inputs:
+        print(f"stream-dedup: no such input file(s): {', '.join(missing)} (a glob that "
+              "matched nothing?); --allow-bad-inputs goes on without them", file=sys.stderr)
         return 2
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     if args.to_kafka:
         from .service import push
 
         _logging("info")
-        return asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
-    if not args.output:
-        print("stream-dedup: replay needs -o/--output FILE (or --to-kafka TOPIC)",
-              file=sys.stderr)
-        return 2
+        stats = asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
+        for why in stats.unreadable:
+            print(f"stream-dedup: unreadable input: {why}", file=sys.stderr)
+        return _bad_inputs(stats.unreadable, args.allow_bad_inputs)
     from .pipeline import Deduplicator
 
     metrics = None
@@ -215,9 +238,12 @@ def _replay(args: argparse.Namespace) -> int:
         dedup.close()
     if not args.quiet:
         print(summary.render(), file=sys.stderr)
+    elif summary.unreadable:
+        print("\n".join(f"stream-dedup: unreadable input: {why}" for why in summary.unreadable),
+              file=sys.stderr)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    return 0
+    return _bad_inputs(summary.unreadable, args.allow_bad_inputs)
 
 
 @contextmanager
@@ -332,8 +358,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="pages decided and written together (default 500)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
-    rp.add_argument("--keep-going", action="store_true",
-                    help="treat missing input files as rejects instead of exiting with 2")
+    rp.add_argument("--allow-bad-inputs", "--keep-going", action="store_true",
+                    help="accept inputs that cannot be read (missing, a directory, empty, "
+                    "not a crawl): each is an unreadable-file reject and named in the "
+                    "summary, and the exit status is 0. Without it a missing input stops "
+                    "replay before it starts (exit 2), and any other unreadable one makes "
+                    "it exit 1 at the end")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     _engine_flags(rp)
     _kafka_flags(rp, serve=False)

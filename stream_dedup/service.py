@@ -41,6 +41,7 @@ from .kafka_edges import KafkaSink, KafkaSource
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
 from .runner import Abandoned, Runner, within_grace
+from .sources.warc import SourceStats
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -239,8 +240,10 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:
     return handler
 
 
-async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False) -> int:
-    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages."""
+async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False,
+               ) -> SourceStats:
+    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages. What
+    the readers saw (unreadable inputs included) is returned."""
     import base64
     import json
 
@@ -248,7 +251,6 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
 
     from .models import Page
     from .sources.files import iter_inputs
-    from .sources.warc import SourceStats
 
     producer = make_producer(settings, lambda: None)
     stop = asyncio.Event()
@@ -279,4 +281,4 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
     finally:
         await producer.stop()
     log.info("sent %d pages to %s (%d input records not sent)", sent, topic, skipped)
-    return 0
+    return stats

@@ -30,6 +30,7 @@ from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     DEFAULT_BATCH,
     Limits,
+    ensure_topics,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
@@ -146,7 +147,6 @@ class Service:
             settings, dedup, source, sink, pool, m,
             new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None,
             faults=self.faults)
-        consumer.subscribe([settings.input_topic], listener=source.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
@@ -156,6 +156,10 @@ class Service:
             await retry(f"connecting the consumer to {settings.bootstrap_servers}",
                         lambda: within_grace(consumer.start(), stop), stop,
                         lambda _: m.kafka_error("connect"))
+            # Topics before the subscription: a topic the consumer asks for first is made
+            # by the broker's auto-creation, if at all, after an ERROR in the log.
+            await ensure_topics(settings, [settings.input_topic, *self._output_topics()])
+            consumer.subscribe([settings.input_topic], listener=source.listener)
             sink.limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(sink.limits)
             sink.producer = await new_producer()

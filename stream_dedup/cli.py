@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .config import Settings
@@ -291,8 +291,8 @@ def _index(args: argparse.Namespace) -> int:
 def _curve(args: argparse.Namespace) -> int:
     k, s, r = args.groups, args.group_size, args.threshold
     rows = theory.curve(k, s, r, points=args.points, lo=args.low, hi=args.high)
-    print(f"P_{{{k},{s},{r}}}(rho): probability that pages of resemblance rho share >= {r} "
-          f"of {k} features of {s} min-hashes")
+    print(f"{theory.curve_title(k, s, r)}: the probability that pages of resemblance rho "
+          f"share >= {r} of {k} features of {s} min-hashes")
     print(f"50% point rho = {theory.half_point(k, s, r):.4f}; steepest for s={s} at "
           f"rho = {theory.steepest_point(s):.4f}")
     print(f"{'rho':>6}  {'P(drop)':>10}")
@@ -300,25 +300,37 @@ def _curve(args: argparse.Namespace) -> int:
         print(f"{rho:6.3f}  {p:10.6f}  {'#' * round(p * 40)}")
     if args.png:
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            fig = curve_figure(k, s, r, args.low, args.high)
         except ImportError:
             print("stream-dedup: --png needs matplotlib (pip install 'stream-dedup[plot]')",
                   file=sys.stderr)
             return 2
-        fine = theory.curve(k, s, r, points=401)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([x for x, _ in fine], [y for _, y in fine])
-        ax.axvline(theory.half_point(k, s, r), ls=":", c="gray")
-        ax.set(xlabel="resemblance rho", ylabel="P(share >= r features)",
-               title=f"P_{{{k},{s},{r}}}")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
         fig.savefig(args.png, dpi=120)
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
+
+
+def curve_figure(k: int, s: int, r: int, low: float, high: float) -> Any:
+    """The acceptance curve over low..high as a matplotlib Figure, its 50 % point marked
+    and labelled where it falls in that range. Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fine = theory.curve(k, s, r, points=401, lo=low, hi=high)
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    ax.plot([x for x, _ in fine], [y for _, y in fine], label=f"P, k={k} s={s} r={r}")
+    half = theory.half_point(k, s, r)
+    if low <= half <= high:
+        ax.axvline(half, ls=":", c="gray", label=f"50 % at rho = {half:.3f}")
+    ax.set(xlabel="resemblance rho", ylabel=f"P(share >= {r} of {k} features)",
+           title=theory.curve_title(k, s, r), xlim=(low, high), ylim=(0, 1))
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -409,8 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-s", "--group-size", type=int, default=14, help="min-hashes a feature (14)")
     cp.add_argument("-r", "--threshold", type=int, default=2, help="shared features needed (2)")
     cp.add_argument("--points", type=int, default=21, help="rows in the table (21)")
-    cp.add_argument("--low", type=float, default=0.5, help="smallest rho shown (0.5)")
-    cp.add_argument("--high", type=float, default=1.0, help="largest rho shown (1.0)")
+    cp.add_argument("--low", type=float, default=0.5,
+                    help="smallest rho in the table and the plot (0.5)")
+    cp.add_argument("--high", type=float, default=1.0,
+                    help="largest rho in the table and the plot (1.0)")
     cp.add_argument("--png", metavar="FILE", help="also plot the curve to a PNG")
     cp.set_defaults(func=_curve)
 

@@ -182,3 +182,16 @@ def test_options_that_cannot_work_are_one_line_errors(
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert not (tmp_path / "idx").exists()
+
+
+def test_curve_plot_is_titled_in_words_labelled_and_ranged(tmp_path: Path) -> None:
+    from stream_dedup.cli import curve_figure
+
+    ax = curve_figure(6, 14, 2, 0.7, 0.95).axes[0]
+    assert ax.get_title() == "P(candidate) for 6 features of 14 min-hashes, r = 2"
+    assert ax.get_xlim() == (0.7, 0.95)
+    xs = ax.get_lines()[0].get_xdata()
+    assert (min(xs), max(xs)) == (0.7, 0.95)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "50 % at rho = 0.909" in legend
+    assert main(["curve", "--low", "0.9", "--high", "0.8"]) == 2

@@ -9,11 +9,12 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import Settings
+from .config import ENV_PREFIX, Settings
 from .core import theory
 from .core.sketch import FAMILIES
 from .errors import ConfigError, StreamDedupError
@@ -65,94 +66,130 @@ HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):
 """
 
 
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("filter (defaults: Broder's 6 features of 14 min-hashes, r=2)")
-    g.add_argument("--config", metavar="FILE", help="TOML file with settings")
-    g.add_argument("--shingle-words", type=int, metavar="W",
-                   help="words per shingle (default 8)")
-    g.add_argument("--groups", type=int, metavar="K", help="features per page (default 6)")
-    g.add_argument("--group-size", type=int, metavar="S",
-                   help="min-hashes per feature (default 14)")
-    g.add_argument("--threshold", type=int, metavar="R",
-                   help="shared features that make a near-duplicate (default 2)")
-    g.add_argument("--seed", type=lambda v: int(v, 0), help="seed of the hash permutations")
-    g.add_argument("--hash-family", choices=list(FAMILIES),
-                   help="min-hash permutation family (default affine32: 32-bit multiply-add, "
-                        "half the cost of affine64; mix64: full avalanche, ~3x affine64)")
-    g.add_argument("--boilerplate", action="store_true", default=None,
-                   help="drop navigation, headers, footers and link lists before hashing")
-    g.add_argument("--min-shingles", type=int, metavar="N",
-                   help="pages with fewer shingles use only the exact layers (default 25)")
-    g.add_argument("--max-page-bytes", type=int, metavar="N",
-                   help="reject larger pages (default 8 MiB). serve: a kept page larger than "
-                        "the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
-                        "there as a reference to its input offset; it says so at start")
-    v = parser.add_argument_group("verification of near-duplicate candidates")
-    v.add_argument("--verify-rate", type=float, metavar="P",
-                   help="share of candidates verified, 0..1 (default 1.0)")
-    v.add_argument("--verify-min-resemblance", type=float, metavar="X",
-                   help="full-sketch resemblance needed to confirm (default 0.80)")
-    v.add_argument("--verify-max-ld-ratio", type=float, metavar="X",
-                   help="estimated Levenshtein distance / length allowed (default 0.20)")
-    v.add_argument("--ld-c", type=int, metavar="C", help="LD signature compression (default 32)")
-    v.add_argument("--ld-n", type=int, metavar="N", help="LD signature window (default 4)")
+@dataclass(frozen=True)
+class Flag:
+    """A setting's command-line flag: the field of Settings it sets is its name."""
+
+    name: str
+    help: str
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    serve_only: bool = False  # replay does not use it
+    replay_help: str | None = None  # replay uses the flag, but not the setting's default
 
 
-def _index_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("index (what the filter remembers)")
-    g.add_argument("--index", choices=["memory", "lsm", "redis"],
-                   help="memory (default; gone on exit), lsm (RocksDB on disk; restarts "
-                   "and crashes are invisible in the decisions) or redis (shared: every "
-                   "instance on the same Redis decides as one; see README, Scale-out)")
-    g.add_argument("--index-path", metavar="DIR", help="the LSM index directory")
-    g.add_argument("--redis-url", metavar="URL",
-                   help="redis: any node of a Redis Cluster (the rest is discovered) or a "
-                   "single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
-                   "comma-separated, so a start does not depend on one node")
-    g.add_argument("--warm-from", metavar="DIR",
-                   help="start a memory index with the pages of an LSM index (a snapshot)")
-    g.add_argument("--retention-days", type=float, metavar="DAYS",
-                   help="lsm, redis: forget pages crawled more than DAYS ago, while running "
-                   "(0 = never)")
+# Every setting `serve` uses, by group, in the order --help shows them. Each flag's help
+# ends with its environment variable and its default, from Settings itself
+# (tests/test_replay.py checks that every setting is here). http_token has no flag: on a
+# command line it would be visible to every user of the machine (ps); it comes from the
+# environment or the config file, and the HTTP group's title says so.
+SETTING_FLAGS: dict[str, list[Flag]] = {
+    "filter (Broder's 6 features of 14 min-hashes, r=2; the first six and ld_c/ld_n are "
+    "stamped into a persistent index)": [
+        Flag("shingle_words", "words per shingle", "W"),
+        Flag("groups", "features per page (k)", "K"),
+        Flag("group_size", "min-hashes per feature (s)", "S"),
+        Flag("seed", "seed of the hash permutations (decimal or 0x...)", "SEED"),
+        Flag("hash_family", "min-hash permutation family: affine32 (32-bit multiply-add, "
+             "half the cost of affine64), affine64, mix64 (full avalanche, ~3x affine64)",
+             choices=list(FAMILIES)),
+        Flag("boilerplate", "drop navigation, headers, footers and link lists before "
+             "hashing"),
+        Flag("threshold", "shared features that make a near-duplicate (r)", "R"),
+        Flag("min_shingles", "pages with fewer shingles use only the exact layers", "N"),
+        Flag("max_page_bytes", "reject larger pages without parsing them. serve: a kept page "
+             "larger than the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
+             "there as a reference to its input offset; it says so at start", "N"),
+        Flag("max_posting", "longest posting list kept per feature (the most recent pages)",
+             "N"),
+    ],
+    "verification of near-duplicate candidates": [
+        Flag("verify_rate", "share of candidates verified, 0..1", "P"),
+        Flag("verify_min_resemblance", "full-sketch resemblance needed to confirm", "X"),
+        Flag("verify_max_ld_ratio", "estimated Levenshtein distance / length allowed", "X"),
+        Flag("verify_max_candidates", "candidates tried per page before it is kept as "
+             "verified-distinct", "N"),
+        Flag("verify_single_feature", "verify pages that share fewer than r features (but "
+             "one) and drop them as near-verified when verification says so"),
+        Flag("near_verified_min_resemblance", "resemblance such a near-verified drop needs",
+             "X"),
+        Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
+        Flag("ld_n", "LD signature window, characters", "N"),
+    ],
+    "index (what the filter remembers)": [
+        Flag("index", "memory (gone on exit), lsm (RocksDB on disk; restarts and crashes "
+             "are invisible in the decisions) or redis (shared: every instance on the same "
+             "Redis decides as one; see docs/scale-out.md)",
+             choices=["memory", "lsm", "redis"]),
+        Flag("index_path", "the LSM index directory (only with --index lsm)", "DIR"),
+        Flag("redis_url", "redis: any node of a Redis Cluster (the rest is discovered) or "
+             "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
+             "comma-separated, so a start does not depend on one node", "URL"),
+        Flag("warm_from", "start a memory index with the pages of an LSM index (a "
+             "snapshot)", "DIR"),
+        Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
+             "running (0 = never)", "DAYS"),
+    ],
+    "Kafka": [
+        Flag("bootstrap_servers", "Kafka brokers", "HOST:PORT[,..]"),
+        Flag("input_topic", "crawled pages in", "TOPIC", serve_only=True),
+        Flag("decisions_topic", "one decision per page, keyed by URL", "TOPIC",
+             serve_only=True),
+        Flag("kept_topic", "forward the original message of every kept page here (empty: "
+             "off)", "TOPIC", serve_only=True),
+        Flag("dead_letter_topic", "original bytes + error headers of bad input", "TOPIC",
+             serve_only=True),
+        Flag("group_id", "consumer group", "ID", serve_only=True),
+        Flag("input_format", "json: value is a page object; html: value is HTML, key is "
+             "the URL, metadata in headers", choices=["json", "html"], serve_only=True),
+        Flag("recent_decisions", "decisions remembered for records delivered again (by "
+             "position and body)", "N", serve_only=True),
+    ],
+    "throughput": [
+        Flag("batch_size", "records decided, delivered and committed together", "N"),
+        Flag("workers", "processes for parsing and sketching", "N"),
+    ],
+    "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats); a bearer token for "
+    "/v1/* from STREAM_DEDUP_HTTP_TOKEN or the config file's http_token, never a flag "
+    "(default: none, the API is open)": [
+        Flag("http_host", "address to listen on (0.0.0.0 in a container)", "ADDR"),
+        Flag("http_port", "port to listen on, 0 = off", "PORT",
+             replay_help="serve the HTTP API on PORT while replaying (default: off)"),
+        Flag("stall_seconds", "/readyz fails when records wait and no batch finished for "
+             "S seconds", "S", serve_only=True),
+    ],
+}
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.init}
 
 
-def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    g = parser.add_argument_group(
-        "Kafka (env STREAM_DEDUP_<NAME>, e.g. STREAM_DEDUP_BOOTSTRAP_SERVERS)")
-    g.add_argument("--bootstrap-servers", metavar="HOST:PORT[,..]",
-                   help="Kafka brokers (default 127.0.0.1:9092)")
-    if not serve:
-        return
-    g.add_argument("--input-topic", metavar="TOPIC", help="crawled pages in (default pages)")
-    g.add_argument("--decisions-topic", metavar="TOPIC",
-                   help="one decision per page, keyed by URL (default decisions)")
-    g.add_argument("--kept-topic", metavar="TOPIC",
-                   help="forward the original message of every kept page here (default off)")
-    g.add_argument("--dead-letter-topic", metavar="TOPIC",
-                   help="original bytes + error headers of bad input (default pages-dead-letter)")
-    g.add_argument("--group-id", metavar="ID", help="consumer group (default stream-dedup)")
-    g.add_argument("--input-format", choices=["json", "html"],
-                   help="json: value is a page object; html: value is HTML, key is the URL, "
-                   "metadata in headers (default json)")
-    g.add_argument("--batch-size", type=int, metavar="N",
-                   help="records decided and committed together (default 500)")
-    g.add_argument("--workers", type=int, metavar="N",
-                   help="processes for parsing and sketching (default 1)")
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return repr(value) if value == "" else str(value)
 
 
-def _http_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    g = parser.add_argument_group(
-        "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats; bearer token for /v1/* "
-        "from STREAM_DEDUP_HTTP_TOKEN)")
-    g.add_argument("--http-host", metavar="ADDR",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
-    g.add_argument("--http-port", type=int, metavar="PORT",
-                   help="port to listen on, 0 = off (default 8080)" if serve else
-                   "serve the HTTP API on PORT while replaying (default: off)")
-    if serve:
-        g.add_argument("--stall-seconds", type=float, metavar="S",
-                       help="/readyz fails when records wait and no batch finished for S "
-                       "seconds (default 120)")
+def _setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    """The flags of every setting the command uses, built from SETTING_FLAGS."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (a "
+                        "[stream_dedup] table or top level); the environment "
+                        "(STREAM_DEDUP_<NAME>) wins over it, flags win over both")
+    for title, flags in SETTING_FLAGS.items():
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            if flag.serve_only and not serve:
+                continue
+            default = _DEFAULTS[flag.name]
+            text = (flag.replay_help if flag.replay_help and not serve else
+                    f"{flag.help} [env {ENV_PREFIX}{flag.name.upper()}, default "
+                    f"{_shown(default)}]").replace("%", "%%")
+            option = "--" + flag.name.replace("_", "-")
+            if isinstance(default, bool):
+                group.add_argument(option, action=argparse.BooleanOptionalAction,
+                                   default=None, help=text)
+            else:
+                kind = {int: lambda v: int(v, 0), float: float}.get(type(default), str)
+                group.add_argument(option, type=kind, metavar=flag.metavar,
+                                   choices=flag.choices, help=text)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -364,10 +401,6 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dead-letter", metavar="FILE",
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
-    rp.add_argument("--workers", type=int, metavar="N",
-                    help="processes for parsing and sketching (default 1)")
-    rp.add_argument("--batch-size", type=int, metavar="N",
-                    help="pages decided and written together (default 500)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
     rp.add_argument("--allow-bad-inputs", "--keep-going", action="store_true",
@@ -377,10 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "replay before it starts (exit 2), and any other unreadable one makes "
                     "it exit 1 at the end")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
-    _engine_flags(rp)
-    _kafka_flags(rp, serve=False)
-    _http_flags(rp, serve=False)
-    _index_flags(rp)
+    _setting_flags(rp, serve=False)
     rp.set_defaults(func=_replay)
 
     sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
@@ -389,15 +419,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "At-least-once: offsets are committed only after every output of a "
                         "batch is acknowledged by the broker.",
                         epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _kafka_flags(sv, serve=True)
-    _http_flags(sv, serve=True)
     sv.add_argument("--log-level", default="info",
-                    choices=["debug", "info", "warning", "error"])
+                    choices=["debug", "info", "warning", "error"],
+                    help="how much the service logs (default info)")
     # Crash tests only: exit at once (code 70, nothing cleaned up) at a kill point of the
     # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch).
     sv.add_argument("--crash-at", metavar="POINT[:BATCH]", help=argparse.SUPPRESS)
-    _engine_flags(sv)
-    _index_flags(sv)
+    _setting_flags(sv, serve=True)
     sv.set_defaults(func=_serve)
 
     ip = sub.add_parser("index", help="inspect or maintain an LSM index: stats, compact, export",

@@ -195,3 +195,29 @@ def test_curve_plot_is_titled_in_words_labelled_and_ranged(tmp_path: Path) -> No
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "50 % at rho = 0.909" in legend
     assert main(["curve", "--low", "0.9", "--high", "0.8"]) == 2
+
+
+def test_serve_help_shows_every_setting_with_its_env_variable_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One table builds the flags: a setting added to Settings without a flag fails here."""
+    from dataclasses import fields
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    text = text.replace("- ", "-")  # ... even inside a default (pages-dead- letter)
+    for f in fields(Settings):
+        if not f.init:
+            continue
+        env = f"STREAM_DEDUP_{f.name.upper()}"
+        assert env in text, f.name
+        if f.name == "http_token":  # a secret: environment or config file, never a flag
+            assert "--http-token" not in text
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        assert f"{flag} " in text, f.name
+        shown = ("on" if f.default else "off") if isinstance(f.default, bool) else (
+            repr(f.default) if f.default == "" else str(f.default))
+        assert f"[env {env}, default {shown}]" in text, f.name
+    assert "(default info)" in text  # --log-level

@@ -38,6 +38,10 @@ counted. A bad record or line becomes a "reject" decision; the replay goes on.
 
 every setting can also come from the environment (STREAM_DEDUP_<NAME>, e.g.
 STREAM_DEDUP_VERIFY_RATE=0.5) or a TOML file (--config); flags win over both.
+
+exit status: 0 done; 1 some inputs could not be read (named in the summary; see
+--allow-bad-inputs); 2 a usage error or a missing input, before anything was decided.
+A file given twice (same path, overlapping globs, a symlink) is read once.
 """
 
 

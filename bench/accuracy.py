@@ -30,7 +30,7 @@ ld      Coates' estimated Levenshtein distance against the true distance (rapidf
         compression factors c and window lengths n: median and p90 of |est − true| / max(len).
 
     python bench/accuracy.py                  # everything (~3-5 min)
-    python bench/accuracy.py --quick          # fewer pairs (~1-2 min)
+    python bench/accuracy.py --quick          # fewer pairs (~1-2 min); plot in $TMPDIR
     python bench/accuracy.py --sections curve --pairs-per-bucket 2000
 """
 
@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
@@ -232,7 +233,7 @@ def _plot(buckets: dict[str, list[Bucket]], png: Path) -> None:
     xs = np.linspace(0.5, 1.0, 201)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     ax.plot(xs, [theory.acceptance(float(x), K, S, R) for x in xs], color="black",
-            label="P_{6,14,2}(ρ) (theory)")
+            label=f"theory: P(≥ {R} of {K} features shared)")
     for (name, bl), marker in zip(buckets.items(), "osD^", strict=False):
         pts = [(np.mean(b.j), np.mean(b.drop), len(b.j)) for b in bl if b.j]
         x = np.array([p[0] for p in pts])
@@ -240,10 +241,11 @@ def _plot(buckets: dict[str, list[Bucket]], png: Path) -> None:
         err = np.sqrt(y * (1 - y) / np.array([p[2] for p in pts]))
         ax.errorbar(x, y, yerr=2 * err, fmt=marker, ms=4, capsize=2, alpha=0.8,
                     label=f"measured: {name} (±2 s.e.)")
-    ax.axvline(theory.half_point(K, S, R), color="grey", ls=":", lw=1)
+    half = theory.half_point(K, S, R)
+    ax.axvline(half, color="grey", ls=":", lw=1, label=f"50 % at ρ = {half:.3f}")
     ax.set_xlabel("resemblance ρ (exact Jaccard of the shingle sets)")
     ax.set_ylabel("P(drop) = P(≥ 2 of 6 features shared)")
-    ax.set_title("stream-dedup filter curve: measured vs Broder's P_{k,s,r}")
+    ax.set_title(f"measured vs theory: {theory.curve_title(K, S, R)}")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -639,8 +641,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"subset of {SECTIONS}")
     ap.add_argument("--pairs-per-bucket", type=int, default=None,
                     help="synthetic pairs per ρ bucket and kind (default 600; quick 150)")
-    ap.add_argument("--png", default=str(Path(__file__).resolve().parent / "curve.png"))
+    ap.add_argument("--png", help="where the curve plot goes (default: bench/curve.png, the "
+                    "tracked figure RESULTS.md shows; with --quick a file in the temporary "
+                    "directory, so a quick run never replaces it)")
     args = ap.parse_args(argv)
+    if args.png is None:
+        args.png = (Path(tempfile.gettempdir()) / "stream-dedup-curve-quick.png" if args.quick
+                    else Path(__file__).resolve().parent / "curve.png")
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
     unknown = set(sections) - set(SECTIONS)
     if unknown:

@@ -17,9 +17,9 @@ A script that prints figures, not a test. In one bounded run it:
    prints: records without a decision (must be 0), self-duplicates (a page called a
    duplicate of its own URL: 0), dead letters per malformed record sent (distinct sources,
    1.00), decisions that differ between deliveries of the same record (memory index:
-   expected after a kill, see README), exits the service made on its own (restarts caused by
-   input: 0), peak RSS of the service (VmHWM, largest over its runs), and the outage's log
-   bytes and CPU.
+   expected after a kill, see docs/reference.md), exits the service made on its own
+   (restarts caused by input: 0), peak RSS of the service (VmHWM, largest over its runs),
+   and the outage's log bytes and CPU.
 
     python bench/faults.py                     # 2000 pages, 200 malformed, 5 kills (~3 min)
     python bench/faults.py --pages 500 --malformed 40 --kills 2 --outage 10

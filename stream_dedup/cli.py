@@ -9,14 +9,15 @@ import logging
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import Settings
+from .config import ENV_PREFIX, Settings
 from .core import theory
 from .core.sketch import FAMILIES
-from .errors import StreamDedupError
+from .errors import ConfigError, StreamDedupError
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -37,6 +38,10 @@ counted. A bad record or line becomes a "reject" decision; the replay goes on.
 
 every setting can also come from the environment (STREAM_DEDUP_<NAME>, e.g.
 STREAM_DEDUP_VERIFY_RATE=0.5) or a TOML file (--config); flags win over both.
+
+exit status: 0 done; 1 some inputs could not be read (named in the summary; see
+--allow-bad-inputs); 2 a usage error or a missing input, before anything was decided.
+A file given twice (same path, overlapping globs, a symlink) is read once.
 """
 
 
@@ -65,94 +70,130 @@ HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):
 """
 
 
-def _engine_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("filter (defaults: Broder's 6 features of 14 min-hashes, r=2)")
-    g.add_argument("--config", metavar="FILE", help="TOML file with settings")
-    g.add_argument("--shingle-words", type=int, metavar="W",
-                   help="words per shingle (default 8)")
-    g.add_argument("--groups", type=int, metavar="K", help="features per page (default 6)")
-    g.add_argument("--group-size", type=int, metavar="S",
-                   help="min-hashes per feature (default 14)")
-    g.add_argument("--threshold", type=int, metavar="R",
-                   help="shared features that make a near-duplicate (default 2)")
-    g.add_argument("--seed", type=lambda v: int(v, 0), help="seed of the hash permutations")
-    g.add_argument("--hash-family", choices=list(FAMILIES),
-                   help="min-hash permutation family (default affine32: 32-bit multiply-add, "
-                        "half the cost of affine64; mix64: full avalanche, ~3x affine64)")
-    g.add_argument("--boilerplate", action="store_true", default=None,
-                   help="drop navigation, headers, footers and link lists before hashing")
-    g.add_argument("--min-shingles", type=int, metavar="N",
-                   help="pages with fewer shingles use only the exact layers (default 25)")
-    g.add_argument("--max-page-bytes", type=int, metavar="N",
-                   help="reject larger pages (default 8 MiB). serve: a kept page larger than "
-                        "the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
-                        "there as a reference to its input offset; it says so at start")
-    v = parser.add_argument_group("verification of near-duplicate candidates")
-    v.add_argument("--verify-rate", type=float, metavar="P",
-                   help="share of candidates verified, 0..1 (default 1.0)")
-    v.add_argument("--verify-min-resemblance", type=float, metavar="X",
-                   help="full-sketch resemblance needed to confirm (default 0.80)")
-    v.add_argument("--verify-max-ld-ratio", type=float, metavar="X",
-                   help="estimated Levenshtein distance / length allowed (default 0.20)")
-    v.add_argument("--ld-c", type=int, metavar="C", help="LD signature compression (default 32)")
-    v.add_argument("--ld-n", type=int, metavar="N", help="LD signature window (default 4)")
+@dataclass(frozen=True)
+class Flag:
+    """A setting's command-line flag: the field of Settings it sets is its name."""
+
+    name: str
+    help: str
+    metavar: str | None = None
+    choices: Sequence[str] | None = None
+    serve_only: bool = False  # replay does not use it
+    replay_help: str | None = None  # replay uses the flag, but not the setting's default
 
 
-def _index_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("index (what the filter remembers)")
-    g.add_argument("--index", choices=["memory", "lsm", "redis"],
-                   help="memory (default; gone on exit), lsm (RocksDB on disk; restarts "
-                   "and crashes are invisible in the decisions) or redis (shared: every "
-                   "instance on the same Redis decides as one; see README, Scale-out)")
-    g.add_argument("--index-path", metavar="DIR", help="the LSM index directory")
-    g.add_argument("--redis-url", metavar="URL",
-                   help="redis: any node of a Redis Cluster (the rest is discovered) or a "
-                   "single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
-                   "comma-separated, so a start does not depend on one node")
-    g.add_argument("--warm-from", metavar="DIR",
-                   help="start a memory index with the pages of an LSM index (a snapshot)")
-    g.add_argument("--retention-days", type=float, metavar="DAYS",
-                   help="lsm, redis: forget pages crawled more than DAYS ago, while running "
-                   "(0 = never)")
+# Every setting `serve` uses, by group, in the order --help shows them. Each flag's help
+# ends with its environment variable and its default, from Settings itself
+# (tests/test_replay.py checks that every setting is here). http_token has no flag: on a
+# command line it would be visible to every user of the machine (ps); it comes from the
+# environment or the config file, and the HTTP group's title says so.
+SETTING_FLAGS: dict[str, list[Flag]] = {
+    "filter (Broder's 6 features of 14 min-hashes, r=2; the first six and ld_c/ld_n are "
+    "stamped into a persistent index)": [
+        Flag("shingle_words", "words per shingle", "W"),
+        Flag("groups", "features per page (k)", "K"),
+        Flag("group_size", "min-hashes per feature (s)", "S"),
+        Flag("seed", "seed of the hash permutations (decimal or 0x...)", "SEED"),
+        Flag("hash_family", "min-hash permutation family: affine32 (32-bit multiply-add, "
+             "half the cost of affine64), affine64, mix64 (full avalanche, ~3x affine64)",
+             choices=list(FAMILIES)),
+        Flag("boilerplate", "drop navigation, headers, footers and link lists before "
+             "hashing"),
+        Flag("threshold", "shared features that make a near-duplicate (r)", "R"),
+        Flag("min_shingles", "pages with fewer shingles use only the exact layers", "N"),
+        Flag("max_page_bytes", "reject larger pages without parsing them. serve: a kept page "
+             "larger than the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
+             "there as a reference to its input offset; it says so at start", "N"),
+        Flag("max_posting", "longest posting list kept per feature (the most recent pages)",
+             "N"),
+    ],
+    "verification of near-duplicate candidates": [
+        Flag("verify_rate", "share of candidates verified, 0..1", "P"),
+        Flag("verify_min_resemblance", "full-sketch resemblance needed to confirm", "X"),
+        Flag("verify_max_ld_ratio", "estimated Levenshtein distance / length allowed", "X"),
+        Flag("verify_max_candidates", "candidates tried per page before it is kept as "
+             "verified-distinct", "N"),
+        Flag("verify_single_feature", "verify pages that share fewer than r features (but "
+             "one) and drop them as near-verified when verification says so"),
+        Flag("near_verified_min_resemblance", "resemblance such a near-verified drop needs",
+             "X"),
+        Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
+        Flag("ld_n", "LD signature window, characters", "N"),
+    ],
+    "index (what the filter remembers)": [
+        Flag("index", "memory (gone on exit), lsm (RocksDB on disk; restarts and crashes "
+             "are invisible in the decisions) or redis (shared: every instance on the same "
+             "Redis decides as one; see docs/scale-out.md)",
+             choices=["memory", "lsm", "redis"]),
+        Flag("index_path", "the LSM index directory (only with --index lsm)", "DIR"),
+        Flag("redis_url", "redis: any node of a Redis Cluster (the rest is discovered) or "
+             "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
+             "comma-separated, so a start does not depend on one node", "URL"),
+        Flag("warm_from", "start a memory index with the pages of an LSM index (a "
+             "snapshot)", "DIR"),
+        Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
+             "running (0 = never)", "DAYS"),
+    ],
+    "Kafka": [
+        Flag("bootstrap_servers", "Kafka brokers", "HOST:PORT[,..]"),
+        Flag("input_topic", "crawled pages in", "TOPIC", serve_only=True),
+        Flag("decisions_topic", "one decision per page, keyed by URL", "TOPIC",
+             serve_only=True),
+        Flag("kept_topic", "forward the original message of every kept page here (empty: "
+             "off)", "TOPIC", serve_only=True),
+        Flag("dead_letter_topic", "original bytes + error headers of bad input", "TOPIC",
+             serve_only=True),
+        Flag("group_id", "consumer group", "ID", serve_only=True),
+        Flag("input_format", "json: value is a page object; html: value is HTML, key is "
+             "the URL, metadata in headers", choices=["json", "html"], serve_only=True),
+        Flag("recent_decisions", "decisions remembered for records delivered again (by "
+             "position and body)", "N", serve_only=True),
+    ],
+    "throughput": [
+        Flag("batch_size", "records decided, delivered and committed together", "N"),
+        Flag("workers", "processes for parsing and sketching", "N"),
+    ],
+    "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats); a bearer token for "
+    "/v1/* from STREAM_DEDUP_HTTP_TOKEN or the config file's http_token, never a flag "
+    "(default: none, the API is open)": [
+        Flag("http_host", "address to listen on (0.0.0.0 in a container)", "ADDR"),
+        Flag("http_port", "port to listen on, 0 = off", "PORT",
+             replay_help="serve the HTTP API on PORT while replaying (default: off)"),
+        Flag("stall_seconds", "/readyz fails when records wait and no batch finished for "
+             "S seconds", "S", serve_only=True),
+    ],
+}
+_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.init}
 
 
-def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    g = parser.add_argument_group(
-        "Kafka (env STREAM_DEDUP_<NAME>, e.g. STREAM_DEDUP_BOOTSTRAP_SERVERS)")
-    g.add_argument("--bootstrap-servers", metavar="HOST:PORT[,..]",
-                   help="Kafka brokers (default 127.0.0.1:9092)")
-    if not serve:
-        return
-    g.add_argument("--input-topic", metavar="TOPIC", help="crawled pages in (default pages)")
-    g.add_argument("--decisions-topic", metavar="TOPIC",
-                   help="one decision per page, keyed by URL (default decisions)")
-    g.add_argument("--kept-topic", metavar="TOPIC",
-                   help="forward the original message of every kept page here (default off)")
-    g.add_argument("--dead-letter-topic", metavar="TOPIC",
-                   help="original bytes + error headers of bad input (default pages-dead-letter)")
-    g.add_argument("--group-id", metavar="ID", help="consumer group (default stream-dedup)")
-    g.add_argument("--input-format", choices=["json", "html"],
-                   help="json: value is a page object; html: value is HTML, key is the URL, "
-                   "metadata in headers (default json)")
-    g.add_argument("--batch-size", type=int, metavar="N",
-                   help="records decided and committed together (default 500)")
-    g.add_argument("--workers", type=int, metavar="N",
-                   help="processes for parsing and sketching (default 1)")
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return repr(value) if value == "" else str(value)
 
 
-def _http_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    g = parser.add_argument_group(
-        "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats; bearer token for /v1/* "
-        "from STREAM_DEDUP_HTTP_TOKEN)")
-    g.add_argument("--http-host", metavar="ADDR",
-                   help="address to listen on (default 127.0.0.1; 0.0.0.0 in a container)")
-    g.add_argument("--http-port", type=int, metavar="PORT",
-                   help="port to listen on, 0 = off (default 8080)" if serve else
-                   "serve the HTTP API on PORT while replaying (default: off)")
-    if serve:
-        g.add_argument("--stall-seconds", type=float, metavar="S",
-                       help="/readyz fails when records wait and no batch finished for S "
-                       "seconds (default 120)")
+def _setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
+    """The flags of every setting the command uses, built from SETTING_FLAGS."""
+    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (a "
+                        "[stream_dedup] table or top level); the environment "
+                        "(STREAM_DEDUP_<NAME>) wins over it, flags win over both")
+    for title, flags in SETTING_FLAGS.items():
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            if flag.serve_only and not serve:
+                continue
+            default = _DEFAULTS[flag.name]
+            text = (flag.replay_help if flag.replay_help and not serve else
+                    f"{flag.help} [env {ENV_PREFIX}{flag.name.upper()}, default "
+                    f"{_shown(default)}]").replace("%", "%%")
+            option = "--" + flag.name.replace("_", "-")
+            if isinstance(default, bool):
+                group.add_argument(option, action=argparse.BooleanOptionalAction,
+                                   default=None, help=text)
+            else:
+                kind = {int: lambda v: int(v, 0), float: float}.get(type(default), str)
+                group.add_argument(option, type=kind, metavar=flag.metavar,
+                                   choices=flag.choices, help=text)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -174,25 +215,48 @@ def _serve(args: argparse.Namespace) -> int:
     return asyncio.run(serve(_settings(args), faults=faults))
 
 
+def _writable(path: str | None, flag: str) -> None:
+    """Fail before any work if an output file cannot be created where it is asked for."""
+    if path and path != "-" and not Path(path).absolute().parent.is_dir():
+        raise ConfigError(f"{flag} {path}: the directory {Path(path).parent} does not exist")
+
+
+def _bad_inputs(unreadable: Sequence[str], allowed: bool) -> int:
+    """The exit status a replay's unreadable inputs call for (they are named already)."""
+    if not unreadable or allowed:
+        return 0
+    print(f"stream-dedup: {len(unreadable)} input(s) could not be read (named above); "
+          "exit status 1 (--allow-bad-inputs accepts them)", file=sys.stderr)
+    return 1
+
+
 def _replay(args: argparse.Namespace) -> int:
     from .replay import replay
     from .sinks import JsonlSink
 
     settings = _settings(args)
+    if args.to_kafka and args.output:
+        raise ConfigError("-o/--output and --to-kafka exclude each other: --to-kafka sends "
+                          "the pages to Kafka for `serve` to decide, and writes no decisions")
+    if not args.to_kafka and not args.output:
+        raise ConfigError("replay needs -o/--output FILE (or --to-kafka TOPIC)")
+    for path, flag in ((args.output, "-o"), (args.dead_letter, "--dead-letter"),
+                       (args.summary_json, "--summary-json")):
+        _writable(path, flag)
     missing = [p for p in args.inputs if not Path(p).exists()]
-    if missing and not args.keep_going:
-        print(f"stream-dedup: no such input file(s): {', '.join(missing)}", file=sys.stderr)
+    if missing and not args.allow_bad_inputs:
+        print(f"stream-dedup: no such input file(s): {', '.join(missing)} (a glob that "
+              "matched nothing?); --allow-bad-inputs goes on without them", file=sys.stderr)
         return 2
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     if args.to_kafka:
         from .service import push
 
         _logging("info")
-        return asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
-    if not args.output:
-        print("stream-dedup: replay needs -o/--output FILE (or --to-kafka TOPIC)",
-              file=sys.stderr)
-        return 2
+        stats = asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
+        for why in stats.unreadable:
+            print(f"stream-dedup: unreadable input: {why}", file=sys.stderr)
+        return _bad_inputs(stats.unreadable, args.allow_bad_inputs)
     from .pipeline import Deduplicator
 
     metrics = None
@@ -215,9 +279,12 @@ def _replay(args: argparse.Namespace) -> int:
         dedup.close()
     if not args.quiet:
         print(summary.render(), file=sys.stderr)
+    elif summary.unreadable:
+        print("\n".join(f"stream-dedup: unreadable input: {why}" for why in summary.unreadable),
+              file=sys.stderr)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
-    return 0
+    return _bad_inputs(summary.unreadable, args.allow_bad_inputs)
 
 
 @contextmanager
@@ -265,8 +332,8 @@ def _index(args: argparse.Namespace) -> int:
 def _curve(args: argparse.Namespace) -> int:
     k, s, r = args.groups, args.group_size, args.threshold
     rows = theory.curve(k, s, r, points=args.points, lo=args.low, hi=args.high)
-    print(f"P_{{{k},{s},{r}}}(rho): probability that pages of resemblance rho share >= {r} "
-          f"of {k} features of {s} min-hashes")
+    print(f"{theory.curve_title(k, s, r)}: the probability that pages of resemblance rho "
+          f"share >= {r} of {k} features of {s} min-hashes")
     print(f"50% point rho = {theory.half_point(k, s, r):.4f}; steepest for s={s} at "
           f"rho = {theory.steepest_point(s):.4f}")
     print(f"{'rho':>6}  {'P(drop)':>10}")
@@ -274,25 +341,37 @@ def _curve(args: argparse.Namespace) -> int:
         print(f"{rho:6.3f}  {p:10.6f}  {'#' * round(p * 40)}")
     if args.png:
         try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+            fig = curve_figure(k, s, r, args.low, args.high)
         except ImportError:
             print("stream-dedup: --png needs matplotlib (pip install 'stream-dedup[plot]')",
                   file=sys.stderr)
             return 2
-        fine = theory.curve(k, s, r, points=401)
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([x for x, _ in fine], [y for _, y in fine])
-        ax.axvline(theory.half_point(k, s, r), ls=":", c="gray")
-        ax.set(xlabel="resemblance rho", ylabel="P(share >= r features)",
-               title=f"P_{{{k},{s},{r}}}")
-        ax.grid(alpha=0.3)
-        fig.tight_layout()
         fig.savefig(args.png, dpi=120)
         print(f"wrote {args.png}", file=sys.stderr)
     return 0
+
+
+def curve_figure(k: int, s: int, r: int, low: float, high: float) -> Any:
+    """The acceptance curve over low..high as a matplotlib Figure, its 50 % point marked
+    and labelled where it falls in that range. Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fine = theory.curve(k, s, r, points=401, lo=low, hi=high)
+    fig = Figure(figsize=(6, 4))
+    ax = fig.subplots()
+    ax.plot([x for x, _ in fine], [y for _, y in fine], label=f"P, k={k} s={s} r={r}")
+    half = theory.half_point(k, s, r)
+    if low <= half <= high:
+        ax.axvline(half, ls=":", c="gray", label=f"50 % at rho = {half:.3f}")
+    ax.set(xlabel="resemblance rho", ylabel=f"P(share >= {r} of {k} features)",
+           title=theory.curve_title(k, s, r), xlim=(low, high), ylim=(0, 1))
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -326,19 +405,16 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dead-letter", metavar="FILE",
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
-    rp.add_argument("--workers", type=int, metavar="N",
-                    help="processes for parsing and sketching (default 1)")
-    rp.add_argument("--batch-size", type=int, metavar="N",
-                    help="pages decided and written together (default 500)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
-    rp.add_argument("--keep-going", action="store_true",
-                    help="treat missing input files as rejects instead of exiting with 2")
+    rp.add_argument("--allow-bad-inputs", "--keep-going", action="store_true",
+                    help="accept inputs that cannot be read (missing, a directory, empty, "
+                    "not a crawl): each is an unreadable-file reject and named in the "
+                    "summary, and the exit status is 0. Without it a missing input stops "
+                    "replay before it starts (exit 2), and any other unreadable one makes "
+                    "it exit 1 at the end")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
-    _engine_flags(rp)
-    _kafka_flags(rp, serve=False)
-    _http_flags(rp, serve=False)
-    _index_flags(rp)
+    _setting_flags(rp, serve=False)
     rp.set_defaults(func=_replay)
 
     sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
@@ -347,15 +423,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "At-least-once: offsets are committed only after every output of a "
                         "batch is acknowledged by the broker.",
                         epilog=EPILOG_SERVE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    _kafka_flags(sv, serve=True)
-    _http_flags(sv, serve=True)
     sv.add_argument("--log-level", default="info",
-                    choices=["debug", "info", "warning", "error"])
+                    choices=["debug", "info", "warning", "error"],
+                    help="how much the service logs (default info)")
     # Crash tests only: exit at once (code 70, nothing cleaned up) at a kill point of the
     # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch).
     sv.add_argument("--crash-at", metavar="POINT[:BATCH]", help=argparse.SUPPRESS)
-    _engine_flags(sv)
-    _index_flags(sv)
+    _setting_flags(sv, serve=True)
     sv.set_defaults(func=_serve)
 
     ip = sub.add_parser("index", help="inspect or maintain an LSM index: stats, compact, export",
@@ -379,8 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("-s", "--group-size", type=int, default=14, help="min-hashes a feature (14)")
     cp.add_argument("-r", "--threshold", type=int, default=2, help="shared features needed (2)")
     cp.add_argument("--points", type=int, default=21, help="rows in the table (21)")
-    cp.add_argument("--low", type=float, default=0.5, help="smallest rho shown (0.5)")
-    cp.add_argument("--high", type=float, default=1.0, help="largest rho shown (1.0)")
+    cp.add_argument("--low", type=float, default=0.5,
+                    help="smallest rho in the table and the plot (0.5)")
+    cp.add_argument("--high", type=float, default=1.0,
+                    help="largest rho in the table and the plot (1.0)")
     cp.add_argument("--png", metavar="FILE", help="also plot the curve to a PNG")
     cp.set_defaults(func=_curve)
 

@@ -54,9 +54,9 @@ class Batch:
 
 class Source(Protocol):
     # A record not committed can come again (Kafka after a crash or a rebalance), and must
-    # get the decision it got (the Deduplicator remembers decisions by position). A source
-    # that never redelivers (files) says False: there the same page read twice is a
-    # duplicate, not a redelivery (issue 15 makes the pipeline's memory follow this).
+    # get the decision it got (the Deduplicator remembers decisions by position and body).
+    # A source that never redelivers (files) says False: the runner then neither asks nor
+    # fills that memory, so the same page read twice is a duplicate, not a redelivery.
     redelivers: bool
     # Its pages were fetched moments ago: decision latency counts from their fetched_at.
     live: bool

@@ -19,6 +19,10 @@ Three things aiokafka does not do by itself, each reproduced against a real brok
   success) and counts it (`stream_dedup_kafka_errors_total{operation="metadata"}`);
   `RateLimitedLog` keeps at most a few lines per message per interval and says how many it
   dropped.
+- **Topics that do not exist.** A broker that creates topics on first use (Kafka's
+  default) logs the client into an ERROR ("not found in cluster metadata") first; one that
+  does not fails the first send. `ensure_topics` creates the missing ones at start, with the
+  broker's defaults (`num.partitions`, `default.replication.factor`), and says so.
 - **Message size limits.** `read_limits` asks the broker for `message.max.bytes` and each
   output topic's `max.message.bytes` at start, so the runner can shrink an output that would
   be refused instead of failing the batch (and an idempotent producer) on it.
@@ -36,7 +40,7 @@ from typing import Any, TypeVar
 import aiokafka.codec as codec
 import aiokafka.consumer.fetcher as fetcher_module
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
@@ -301,6 +305,51 @@ class Limits:
     def batch(self, topics: list[str]) -> int:
         """The producer's batch size: within the smallest limit of the output topics."""
         return max(1024, min([DEFAULT_BATCH, *(self.of(t) for t in topics)]))
+
+
+# --- topics ----------------------------------------------------------------------------------
+TOPIC_ALREADY_EXISTS = 36  # another instance created it meanwhile: as good as created
+
+
+async def ensure_topics(s: Settings, topics: list[str]) -> list[str]:
+    """Create those of `topics` the cluster does not have, with the broker's default
+    partitions and replication; the ones created. One that cannot be created (no ACL, an
+    old broker) is logged with what to do, not fatal: the broker may still create it on
+    first use."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
+    try:
+        await asyncio.wait_for(admin.start(), 10)
+        existing = set(await asyncio.wait_for(admin.list_topics(), 10))
+        missing = [t for t in topics if t not in existing]
+        if not missing:
+            return []
+        # -1, -1 and no assignment: the broker's num.partitions and default.replication.factor
+        response = await asyncio.wait_for(admin.create_topics(
+            [NewTopic(t, -1, -1, replica_assignments={}) for t in missing]), 30)
+        created = []
+        for topic, code, message in response.topic_errors:
+            if code == TOPIC_ALREADY_EXISTS:
+                continue
+            if code == 0:
+                created.append(topic)
+                log.info("created topic %s (the broker's default partitions and replication; "
+                         "to choose them, create it beforehand: kafka-topics.sh --create "
+                         "--topic %s --partitions N ...)", topic, topic)
+            else:
+                log.error("topic %s does not exist and could not be created (error %d: %s); "
+                          "create it with kafka-topics.sh --create --topic %s", topic, code,
+                          message, topic)
+        return created
+    except (KafkaError, TimeoutError, OSError) as exc:
+        log.warning("could not check or create the topics %s (%s: %s); the broker creates "
+                    "a missing one on first use if it allows it", ", ".join(topics),
+                    type(exc).__name__, exc)
+        return []
+    finally:
+        try:
+            await asyncio.wait_for(admin.close(), 5)
+        except (KafkaError, TimeoutError):
+            pass
 
 
 async def read_limits(s: Settings, topics: list[str]) -> Limits:

@@ -1,4 +1,4 @@
-"""Every Prometheus metric of stream-dedup, in one module (the README lists them).
+"""Every Prometheus metric of stream-dedup, in one module (docs/operating.md lists them).
 
     pipeline.Deduplicator ──Observer──> Metrics.page()       per decided page: outcome, bytes,
                                         Metrics.batch()      stage timings; index size per batch

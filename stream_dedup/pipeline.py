@@ -218,9 +218,11 @@ class Deduplicator:
         self.counters = Counters()
         # Serializes everything that reads or changes the index, counters and _recent.
         self.lock = threading.RLock()
-        # Decisions by input position: a page delivered again (Kafka re-delivers what was
-        # not committed) gets the decision it got the first time, never "duplicate of itself".
-        self._recent: OrderedDict[str, Decision] = OrderedDict()
+        # Decisions by (input position, raw fingerprint): a page delivered again (Kafka
+        # re-delivers what was not committed) gets the decision it got the first time, never
+        # "duplicate of itself". The fingerprint is part of the key because a position is
+        # only a name: another page under the same `source` must be decided, not answered.
+        self._recent: OrderedDict[tuple[str, int], Decision] = OrderedDict()
         # Ids of the pages of a batch that failed (IndexUnavailable), by object: kept alive
         # here, so an id() cannot be reused by another page meanwhile.
         self._retry_ids: dict[int, tuple[Page, int]] = {}
@@ -235,7 +237,7 @@ class Deduplicator:
         remembering it (a kept page gets no page_id). Safe to call from another thread."""
         a = self.analyzer.analyze(page)  # pure: outside the lock
         with self.lock:
-            earlier = self._recent.get(page.source) if page.source is not None else None
+            earlier = self._earlier(page, a.raw_fp)
             if earlier is not None:
                 return earlier
             if a.error is not None:
@@ -259,26 +261,34 @@ class Deduplicator:
             yield self.reject(item) if isinstance(item, Rejected) else self.check(item)
 
     def check_batch(
-        self, items: Sequence[Page | Rejected], pool: Executor | None = None
+        self, items: Sequence[Page | Rejected], pool: Executor | None = None, *,
+        redeliveries: bool = True,
     ) -> list[Decision]:
         """Decisions for a batch, in order; the pure stages may run in `pool` (see
-        `analysis_pool`). Gives exactly the decisions `check` would give one by one."""
+        `analysis_pool`). Gives exactly the decisions `check` would give one by one.
+
+        `redeliveries`: the items may be records delivered before (Kafka), so a page whose
+        `source` and body were decided already gets that decision again. False for a source
+        that never delivers a record twice (files): there a page seen before is a duplicate
+        (or, read in a second replay, a page of the index), and nothing is remembered."""
         out: list[Decision | None] = [None] * len(items)
         times: list[StageTimes] = [_NOT_RUN] * len(items)
         fresh = [True] * len(items)  # False: delivered again, answered as before
         pages: list[tuple[int, Page]] = []
+        fps: list[int] = []
         with self.lock:
             for i, item in enumerate(items):
                 if isinstance(item, Rejected):
                     out[i] = Decision(item.url, "reject", item.kind, error=item.message,
                                       source=item.source)
-                else:
-                    out[i] = self._seen(item)
-                    fresh[i] = out[i] is None
-                    if fresh[i]:
-                        pages.append((i, item))
+                    continue
+                fp = raw_fingerprint(item.body)
+                out[i] = self._seen(item, fp) if redeliveries else None
+                fresh[i] = out[i] is None
+                if fresh[i]:
+                    pages.append((i, item))
+                    fps.append(fp)
             ids = self._ids([p for _, p in pages])
-            fps = [raw_fingerprint(p.body) for _, p in pages]
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
             stored = self.index.stored(fps)
         analyses = self._analyse([p for _, p in pages], fps, stored, pool)
@@ -293,11 +303,12 @@ class Deduplicator:
                                                                         strict=True)}
                 raise
             self._retry_ids = {}
-            for item, d, t, new in zip(items, out, times, fresh, strict=True):
+            remember = dict(zip((i for i, _ in pages), fps, strict=True)) if redeliveries else {}
+            for i, (item, d, t, new) in enumerate(zip(items, out, times, fresh, strict=True)):
                 assert d is not None
                 if new:
                     body = item.raw or b"" if isinstance(item, Rejected) else item.body
-                    self._record(d, len(body), t)
+                    self._record(d, len(body), t, remember.get(i))
             self.observer.batch(self.index)
         return [d for d in out if d is not None]
 
@@ -437,16 +448,21 @@ class Deduplicator:
         with self.lock:
             return self._record(d, nbytes, times)
 
-    def _seen(self, page: Page) -> Decision | None:
-        if page.source is None:
-            return None
-        earlier = self._recent.get(page.source)
+    def _earlier(self, page: Page, raw_fp: int) -> Decision | None:
+        """The decision this very page (same source, same body) got before, if remembered."""
+        return None if page.source is None else self._recent.get((page.source, raw_fp))
+
+    def _seen(self, page: Page, raw_fp: int) -> Decision | None:
+        earlier = self._earlier(page, raw_fp)
         if earlier is not None:
             self.counters.redelivered += 1
             self.observer.redelivered(earlier)
         return earlier
 
-    def _record(self, d: Decision, nbytes: int, times: StageTimes) -> Decision:
+    def _record(self, d: Decision, nbytes: int, times: StageTimes,
+                raw_fp: int | None = None) -> Decision:
+        """Count a decision; with `raw_fp` (a page whose source may deliver it again), also
+        remember it for its redelivery."""
         self.counters.pages += 1
         self.counters.decisions[(d.decision, d.reason)] += 1
         outcome = verify_outcome(d)
@@ -454,8 +470,8 @@ class Deduplicator:
             self.counters.verify[outcome] += 1
         self.observer.page(d, nbytes, times)
         limit = self.settings.recent_decisions
-        if d.source is not None and limit > 0:
-            self._recent[d.source] = d
+        if d.source is not None and raw_fp is not None and limit > 0:
+            self._recent[(d.source, raw_fp)] = d
             if len(self._recent) > limit:
                 self._recent.popitem(last=False)
         return d

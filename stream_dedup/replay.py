@@ -34,6 +34,8 @@ class ReplaySummary:
     verification: Counter[str] = field(default_factory=Counter)
     skipped: dict[str, Any] = field(default_factory=dict)
     index: dict[str, float] = field(default_factory=dict)
+    unreadable: list[str] = field(default_factory=list)  # "path: why", as rejected
+    repeated: list[str] = field(default_factory=list)  # inputs given again, read once
 
     @property
     def pages_per_second(self) -> float:
@@ -57,6 +59,8 @@ class ReplaySummary:
             "seconds": round(self.seconds, 3),
             "pages_per_second": round(self.pages_per_second, 1),
             "index": self.index,
+            "unreadable_inputs": self.unreadable,
+            "repeated_inputs": self.repeated,
         }
 
     def render(self) -> str:
@@ -75,6 +79,11 @@ class ReplaySummary:
         if self.skipped:
             lines.append("skipped records (not HTML pages): " + ", ".join(
                 f"{k} {v:,}" for k, v in sorted(self.skipped.items()) if v))
+        if self.repeated:
+            lines.append("given more than once, read once: " + "; ".join(self.repeated))
+        if self.unreadable:
+            lines.append(f"UNREADABLE INPUTS ({len(self.unreadable)}):")
+            lines += [f"  {why}" for why in self.unreadable]
         return "\n".join(lines)
 
 
@@ -129,4 +138,6 @@ def replay(
     summary.decisions = Counter(runner.stats.decisions)
     summary.verification = Counter(dedup.counters.verify)
     summary.skipped = source.stats.skipped_summary()
+    summary.unreadable = list(source.stats.unreadable)
+    summary.repeated = list(source.stats.repeated)
     return summary

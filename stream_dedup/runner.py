@@ -229,7 +229,8 @@ class Runner:
         """check_batch; if it raises, the pages one at a time, and a page that raises is an
         `internal-error` reject (it replaces the page in `items`)."""
         try:
-            return self.dedup.check_batch(items, self.pool)
+            return self.dedup.check_batch(items, self.pool,
+                                          redeliveries=self.source.redelivers)
         except StreamDedupError:
             raise  # the index cannot answer, or cannot be written: not one page's fault
         except BrokenProcessPool:
@@ -245,7 +246,8 @@ class Runner:
         for i, item in enumerate(items):
             try:
                 decisions.append(self.dedup.reject(item) if isinstance(item, Rejected)
-                                 else self.dedup.check(item))
+                                 else self.dedup.check_batch(
+                                     [item], redeliveries=self.source.redelivers)[0])
             except StreamDedupError:
                 raise
             except Exception as exc:

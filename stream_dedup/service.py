@@ -30,6 +30,7 @@ from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     DEFAULT_BATCH,
     Limits,
+    ensure_topics,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
@@ -41,6 +42,7 @@ from .kafka_edges import KafkaSink, KafkaSource
 from .metrics import Metrics
 from .pipeline import Deduplicator, analysis_pool
 from .runner import Abandoned, Runner, within_grace
+from .sources.warc import SourceStats
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -145,7 +147,6 @@ class Service:
             settings, dedup, source, sink, pool, m,
             new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None,
             faults=self.faults)
-        consumer.subscribe([settings.input_topic], listener=source.listener)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
@@ -155,6 +156,10 @@ class Service:
             await retry(f"connecting the consumer to {settings.bootstrap_servers}",
                         lambda: within_grace(consumer.start(), stop), stop,
                         lambda _: m.kafka_error("connect"))
+            # Topics before the subscription: a topic the consumer asks for first is made
+            # by the broker's auto-creation, if at all, after an ERROR in the log.
+            await ensure_topics(settings, [settings.input_topic, *self._output_topics()])
+            consumer.subscribe([settings.input_topic], listener=source.listener)
             sink.limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(sink.limits)
             sink.producer = await new_producer()
@@ -239,8 +244,10 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:
     return handler
 
 
-async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False) -> int:
-    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages."""
+async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False,
+               ) -> SourceStats:
+    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages. What
+    the readers saw (unreadable inputs included) is returned."""
     import base64
     import json
 
@@ -248,7 +255,6 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
 
     from .models import Page
     from .sources.files import iter_inputs
-    from .sources.warc import SourceStats
 
     producer = make_producer(settings, lambda: None)
     stop = asyncio.Event()
@@ -279,4 +285,4 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
     finally:
         await producer.stop()
     log.info("sent %d pages to %s (%d input records not sent)", sent, topic, skipped)
-    return 0
+    return stats

@@ -194,3 +194,29 @@ def test_pages_sharing_fewer_than_r_features_are_verified_and_dropped() -> None:
     assert off.check_html("http://a/2", b).reason == "unique"
     unrelated = dd.check_html("http://a/3", _html(_article(random.Random(999), 1500)))
     assert unrelated.reason == "unique"
+
+
+def test_another_page_under_the_same_source_gets_its_own_decision() -> None:
+    """`source` names where a page came from; it is no cache key: only the same page (same
+    source and body) delivered again is answered with the decision it got."""
+    rng = random.Random(11)
+    dd = Deduplicator()
+    a = Page("http://a/1", _html(_article(rng)).encode(), source="feed#1")
+    b = Page("http://b/2", _html(_article(rng)).encode(), source="feed#1")
+    first, second = dd.check(a), dd.check(b)
+    assert (second.url, second.decision, second.reason) == ("http://b/2", "keep", "unique")
+    assert second.page_id != first.page_id and len(dd.index) == 2
+    assert dd.check(a) == first  # a re-delivery of a: the decision it got
+    assert dd.would_decide(b) == second
+
+
+def test_a_source_that_never_redelivers_is_never_answered_from_memory() -> None:
+    """A file read again (by a second replay on the same Deduplicator) is new input: its
+    pages are duplicates of the first reading, not re-deliveries of it."""
+    rng = random.Random(12)
+    dd = Deduplicator()
+    page = Page("http://a/1", _html(_article(rng)).encode(), source="a.warc.gz#1")
+    first = dd.check_batch([page], redeliveries=False)[0]
+    again = dd.check_batch([page], redeliveries=False)[0]
+    assert (first.decision, again.decision, again.reason) == ("keep", "drop", "exact")
+    assert dd.snapshot()["redelivered"] == 0 and len(dd.index) == 1

@@ -46,7 +46,7 @@ def test_a_primary_killed_mid_run_is_waited_out(redis_with_replicas: tuple[str, 
     """kill -9 a primary of a 3+3 cluster 40 % into the race: the instances retry each batch
     until its replica has taken over (nothing is written undecided), then go on. Redis can
     lose writes it acknowledged just before the kill (replication is asynchronous), so a
-    double keep may follow; it is counted (README: "Failover"), and bounded here."""
+    double keep may follow; it is counted (docs/scale-out.md: "Faults"), and bounded here."""
     url, directory = redis_with_replicas
     killed = []
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup import Settings
+from stream_dedup import Deduplicator, Settings
 from stream_dedup.cli import main
 from stream_dedup.metrics import Metrics
 from stream_dedup.replay import replay
@@ -59,7 +59,7 @@ def test_workers_give_the_same_decisions(sample, tmp_path: Path) -> None:  # typ
 def test_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.warc.gz"), "-o", str(tmp_path / "o")]) == 2
     assert "no such input file" in capsys.readouterr().err
-    got = _run(tmp_path, str(tmp_path / "nope.warc.gz"), "--keep-going")
+    got = _run(tmp_path, str(tmp_path / "nope.warc.gz"), "--allow-bad-inputs")
     assert [(d["decision"], d["reason"]) for d in got] == [("reject", "unreadable-file")]
 
 
@@ -109,3 +109,115 @@ def test_curve_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "50% point rho = 0.909" in out
     assert out.count("\n") >= 9
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_file_given_twice_is_read_once(sample, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The same file twice (a repeated path, overlapping globs, a symlink) is read once and
+    the summary says so; a copy under another name is new input: all duplicates. Either
+    way what the summary calls kept is what the index holds, and no page id is reused."""
+    warc, _, _ = sample
+    link, copy = tmp_path / "link.warc.gz", tmp_path / "copy.warc.gz"
+    link.symlink_to(warc)
+    copy.write_bytes(warc.read_bytes())
+    once = replay([warc], MemorySink(), Settings(batch_size=4))
+    for paths, repeated in (([warc, warc, link], 2), ([warc, copy], 0)):
+        sink = MemorySink()
+        summary = replay(paths, sink, Settings(batch_size=4))
+        kept = [d.page_id for d in sink.decisions if d.decision == "keep"]
+        assert summary.count("keep") == once.count("keep") == summary.index["pages"]
+        assert len(set(kept)) == len(kept) == summary.count("keep")
+        assert len(summary.repeated) == repeated
+        assert "read once" in summary.render() if repeated else "read once" not in summary.render()
+    assert summary.pages == 2 * once.pages  # the copy: every page decided, none kept
+
+
+def test_a_second_replay_on_the_same_deduplicator_remembers_the_first(sample) -> None:  # type: ignore[no-untyped-def]
+    """A file source never claims re-deliveries: replayed again into the same index, a
+    file's pages are duplicates of what the index holds, not the first run's decisions."""
+    warc, _, _ = sample
+    dd = Deduplicator()
+    first = replay([warc], MemorySink(), dedup=dd)
+    sink = MemorySink()
+    replay([warc], sink, dedup=dd)
+    assert first.count("keep") == len(dd.index) > 0
+    assert not [d for d in sink.decisions if d.decision == "keep"]
+
+
+@pytest.mark.parametrize("make", ["directory", "empty", "text", "empty-jsonl"])
+def test_an_unreadable_input_is_named_and_fails_the_run(
+    sample, tmp_path: Path, capsys: pytest.CaptureFixture[str], make: str,  # type: ignore[no-untyped-def]
+) -> None:
+    warc, _, _ = sample
+    bad = tmp_path / {"directory": "d", "empty": "e.warc.gz", "text": "notes.txt",
+                      "empty-jsonl": "e.jsonl"}[make]
+    if make == "directory":
+        bad.mkdir()
+    else:
+        bad.write_text("just some notes\n" if make == "text" else "")
+    out, summary = tmp_path / "o.jsonl", tmp_path / "s.json"
+    assert main(["replay", str(warc), str(bad), "-o", str(out),
+                 "--summary-json", str(summary)]) == 1
+    err = capsys.readouterr().err
+    assert "UNREADABLE INPUTS (1)" in err and f"\n  {bad}" in err and "--allow-bad-inputs" in err
+    assert json.loads(summary.read_text())["unreadable_inputs"][0].startswith(str(bad))
+    assert main(["replay", str(warc), str(bad), "-o", str(out), "--allow-bad-inputs",
+                 "-q"]) == 0
+    assert "unreadable input: " + str(bad) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--index-path", "idx"], "--index-path is where an LSM index lives"),
+    (["--to-kafka", "pages"], "-o/--output and --to-kafka exclude each other"),
+    (["-o", "no/such/dir/out.jsonl"], "the directory no/such/dir does not exist"),
+    (["--dead-letter", "no/such/dir/dead.jsonl"], "--dead-letter no/such/dir/dead.jsonl:"),
+])
+def test_options_that_cannot_work_are_one_line_errors(
+    sample, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+    args: list[str], message: str,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    warc, _, _ = sample
+    output = [] if "-o" in args else ["-o", "out.jsonl"]
+    assert main(["replay", str(warc), *output, *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "idx").exists()
+
+
+def test_curve_plot_is_titled_in_words_labelled_and_ranged(tmp_path: Path) -> None:
+    from stream_dedup.cli import curve_figure
+
+    ax = curve_figure(6, 14, 2, 0.7, 0.95).axes[0]
+    assert ax.get_title() == "P(candidate) for 6 features of 14 min-hashes, r = 2"
+    assert ax.get_xlim() == (0.7, 0.95)
+    xs = ax.get_lines()[0].get_xdata()
+    assert (min(xs), max(xs)) == (0.7, 0.95)
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "50 % at rho = 0.909" in legend
+    assert main(["curve", "--low", "0.9", "--high", "0.8"]) == 2
+
+
+def test_serve_help_shows_every_setting_with_its_env_variable_and_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One table builds the flags: a setting added to Settings without a flag fails here."""
+    from dataclasses import fields
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    text = text.replace("- ", "-")  # ... even inside a default (pages-dead- letter)
+    for f in fields(Settings):
+        if not f.init:
+            continue
+        env = f"STREAM_DEDUP_{f.name.upper()}"
+        assert env in text, f.name
+        if f.name == "http_token":  # a secret: environment or config file, never a flag
+            assert "--http-token" not in text
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        assert f"{flag} " in text, f.name
+        shown = ("on" if f.default else "off") if isinstance(f.default, bool) else (
+            repr(f.default) if f.default == "" else str(f.default))
+        assert f"[env {env}, default {shown}]" in text, f.name
+    assert "(default info)" in text  # --log-level

@@ -86,7 +86,7 @@ def test_a_primary_killed_under_two_instances_is_waited_out(
         tmp_path: Path) -> None:
     """kill -9 a primary of a 3+3 cluster while two instances decide: /readyz says so while
     it lasts, every record is decided and committed afterwards, and the double keeps that
-    Redis's asynchronous replication could cause are counted (README: Scale-out, Faults)."""
+    Redis's asynchronous replication could cause are counted (docs/scale-out.md: Faults)."""
     url, directory = redis_with_replicas
     port = int(url.rsplit(":", 1)[1])
     seeds = ",".join(f"redis://127.0.0.1:{p}" for p in range(port, port + 3))

@@ -163,6 +163,21 @@ def test_pages_in_decisions_out(kafka_bootstrap: str, service) -> None:  # type:
     assert "stopped after" in svc.text()
 
 
+def test_missing_topics_are_created_at_start_and_said(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    """No topic exists yet: serve creates all four before it subscribes, one line each, and
+    the first page goes through without an ERROR about missing metadata."""
+    t = names()
+    svc = service(t)
+    wait_for("consuming", lambda: "connected; consuming" in svc.text())
+    for topic in (t["input"], t["decisions"], t["kept"], t["dead"]):
+        assert f"created topic {topic} " in svc.text()
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(build(seed=25)[0])])
+    wait_for("decision", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) == 1)
+    assert svc.stop() == 0
+    assert "not found in cluster metadata" not in svc.text()
+    assert " ERROR " not in svc.text()
+
+
 def test_order_per_partition_and_one_decision_per_page(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = names()
     create_topics(kafka_bootstrap, [t["input"]], partitions=3)

@@ -177,6 +177,8 @@ def test_warc_pages_skips_and_stats(tmp_path: Path, gzip_records: bool) -> None:
         "non_2xx": 1,
         "skipped": {"warcinfo": 1, "request": 1, "metadata": 1, "non-html": 2, "revisit": 1},
         "rejected": {},
+        "unreadable": [],
+        "repeated": [],
     }
 
 

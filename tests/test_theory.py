@@ -31,3 +31,20 @@ def test_bad_parameters_are_explained() -> None:
         theory.acceptance(0.5, 6, 14, 7)
     with pytest.raises(ConfigError, match="resemblance"):
         theory.acceptance(1.5)
+
+
+def test_a_quick_accuracy_run_leaves_the_tracked_curve_alone(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """bench/curve.png is the figure RESULTS.md shows; `--quick` (a smoke run) plots to the
+    temporary directory instead."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    tracked = (bench / "curve.png").read_bytes()
+    subprocess.run([sys.executable, str(bench / "accuracy.py"), "--quick", "--sections",
+                    "curve", "--pairs-per-bucket", "2"], check=True, capture_output=True,
+                   env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=300)
+    assert (bench / "curve.png").read_bytes() == tracked
+    assert (tmp_path / "stream-dedup-curve-quick.png").read_bytes()[:4] == b"\x89PNG"

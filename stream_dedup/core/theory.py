@@ -51,11 +51,18 @@ def steepest_point(s: int = 14) -> float:
 
 def curve(k: int = 6, s: int = 14, r: int = 2, points: int = 21,
           lo: float = 0.0, hi: float = 1.0) -> list[tuple[float, float]]:
-    """(rho, P_{k,s,r}(rho)) on an even grid."""
+    """(rho, P_{k,s,r}(rho)) on an even grid from `lo` to `hi`."""
     if points < 2:
         raise ConfigError("points must be >= 2")
+    if not 0.0 <= lo < hi <= 1.0:
+        raise ConfigError(f"the resemblance range must be 0 <= low < high <= 1, got {lo}..{hi}")
     step = (hi - lo) / (points - 1)
     return [(lo + i * step, acceptance(lo + i * step, k, s, r)) for i in range(points)]
+
+
+def curve_title(k: int, s: int, r: int) -> str:
+    """P_{k,s,r} in words, for a plot or a table a reader sees."""
+    return f"P(candidate) for {k} features of {s} min-hashes, r = {r}"
 
 
 def sketch_std_error(rho: float, num_perm: int) -> float:

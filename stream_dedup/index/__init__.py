@@ -39,6 +39,11 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
             from ..errors import ConfigError
 
             raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
+    if s.index_path and s.index != "lsm":
+        from ..errors import ConfigError
+
+        raise ConfigError(f"--index-path is where an LSM index lives; it does not apply to "
+                          f"{s.index} (add --index lsm to remember the pages there)")
         from .lsm import LsmIndex
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)

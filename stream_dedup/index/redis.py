@@ -1,6 +1,6 @@
 """Shared index on Redis (a Redis Cluster, a single Redis, or Kvrocks): N instances decide
-as one. The protocol, and why no interleaving of instances breaks it, is in README.md
-("Scale-out"); in short:
+as one. The protocol, and why no interleaving of instances breaks it, is in
+docs/scale-out.md; in short:
 
     register   every page of a batch: its record goes from absent to PENDING (with a
                lease); then, in the next round trip,

@@ -2,8 +2,12 @@
 
 The extension picks the reader (.warc[.gz], .arc[.gz], .jsonl[.gz], .ndjson[.gz]); anything
 else is sniffed from its first bytes, because crawl dumps are often renamed (.dat, .gz, no
-extension at all). A file that is missing or cannot be read becomes one "unreadable-file"
-Rejected and the replay goes on with the next file: one bad path must not cost a night's run.
+extension at all). A file that is missing, empty or cannot be read becomes one "unreadable-file"
+Rejected and the replay goes on with the next file: one bad path must not cost a night's run
+(the summary names it, and `replay` exits non-zero unless told to accept it).
+A file given twice (the same path, overlapping globs, a symlink to it) is read once: reading
+it again would only decide every page as a copy of itself. A copy under another name is
+another file, and its pages are exact duplicates.
 `FileSource` is the runner's source for `replay` over them.
 """
 
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -20,6 +25,8 @@ from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.jsonl import iter_jsonl
 from stream_dedup.sources.warc import SourceStats, archive_format, iter_archive, read_head
+
+log = logging.getLogger("stream_dedup.replay")
 
 InputKind = Literal["archive", "jsonl"]
 
@@ -51,14 +58,36 @@ def iter_inputs(
     """Pages and Rejected records of every file, in the order given.
 
     Sources are f"{path as given}#{n}": record ordinal for archives, line number for JSONL.
+    Every "unreadable-file" Rejected is also noted in `stats.unreadable`.
     """
     stats = stats if stats is not None else SourceStats()
+    for item in _inputs(paths, stats):
+        if isinstance(item, Rejected) and item.kind == "unreadable-file":
+            stats.unreadable.append(item.message)
+        yield item
+
+
+def _inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
+            ) -> Iterator[Page | Rejected]:
+    # A file by device and inode (symlinks and hard links included) -> the name it was
+    # first given as.
+    first_given: dict[tuple[int, int], str] = {}
     for item in paths:
         path = Path(item)
         try:
             if not path.is_file():
                 why = "no such file" if not path.exists() else "not a regular file"
                 yield _unreadable(stats, path, why)
+                continue
+            st = path.stat()
+            first = first_given.get((st.st_dev, st.st_ino))
+            if first is not None:
+                stats.repeated.append(f"{item} (the same file as {first})")
+                log.warning("%s is the same file as %s, given before: read once", item, first)
+                continue
+            first_given[(st.st_dev, st.st_ino)] = str(item)
+            if st.st_size == 0:
+                yield _unreadable(stats, path, "empty file")
                 continue
             kind = input_kind(path)
         except OSError as exc:

@@ -66,6 +66,8 @@ class SourceStats:
     non_2xx: int = 0  # pages whose HTTP status is not 2xx (yielded all the same)
     skipped: Counter[str] = field(default_factory=Counter)  # record type, or "non-html"
     rejected: Counter[str] = field(default_factory=Counter)  # Rejected kind
+    unreadable: list[str] = field(default_factory=list)  # "path: why", a file or its rest
+    repeated: list[str] = field(default_factory=list)  # inputs given again, not read again
 
     def to_dict(self) -> dict[str, object]:
         return {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self).items()}

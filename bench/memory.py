@@ -236,9 +236,7 @@ def child_lsm(n: int, batch: int, dup_share: float, tmp: str | None) -> dict[str
         compact_s = time.perf_counter() - t0
         features = index.stats()["index_bytes_per_page"]
         index.close()
-        per_dir = {p.name: sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-                   for p in [where / "lsm"]}
-        total = per_dir["lsm"]
+        total = sum(f.stat().st_size for f in (where / "lsm").rglob("*") if f.is_file())
         return {"pages": n, "seconds": spent, "compact_seconds": compact_s,
                 "features_bytes_per_page": features, "dir_bytes": total}
     finally:

@@ -57,6 +57,7 @@ from benchlib import table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.index import MemoryIndex, StoredDoc  # noqa: E402
+from stream_dedup.index.memory import DocArena  # noqa: E402
 from stream_dedup.index.base import Claim, Probe  # noqa: E402
 
 CHUNK = 10_000
@@ -199,15 +200,18 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float) -> dict[str
     _trim()
     trimmed = _status()
     stats = index.stats()
+    columns = isinstance(index._docs, DocArena)  # else a list of StoredDoc objects (before)
     return {
         "pages": reached,
         "seconds": spent,
         "candidates_found": found,
         "feature_bytes": index._features.nbytes(),
         "exact_bytes": sum(m.nbytes() for m in index._exact),
-        "docs_list_bytes": sys.getsizeof(index._docs),
+        "docs_list_bytes": 0 if columns else sys.getsizeof(index._docs),
         "doc_store_nbytes": stats["doc_store_bytes"],
-        "records": record_breakdown(index._docs),
+        "records": ({f"records as columns: {part}": (b / reached, b / reached)
+                     for part, b in index._docs.nbytes.items()} if columns
+                    else record_breakdown(index._docs)),
         "rss_delta": after["VmRSS"] - before["VmRSS"],
         "rss_trimmed": trimmed["VmRSS"] - before["VmRSS"],
         "peak_delta": after["VmHWM"] - before["VmRSS"],

@@ -260,6 +260,17 @@ def synthetic_pages(
 # --- machine, pinning, tables -----------------------------------------------------------------
 
 
+def proc_status() -> dict[str, int]:
+    """This process's VmRSS and VmHWM (peak), in bytes (Linux)."""
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                key, value = line.split(":", 1)
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
 def pin(cpu: int | None) -> int | None:
     """Pin this process to one CPU (the last allowed one by default); returns it."""
     if not hasattr(os, "sched_setaffinity"):

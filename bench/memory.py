@@ -53,12 +53,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib  # noqa: E402
-from benchlib import table  # noqa: E402
+from benchlib import proc_status, table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.index import MemoryIndex, StoredDoc  # noqa: E402
-from stream_dedup.index.memory import DocArena  # noqa: E402
 from stream_dedup.index.base import Claim, Probe  # noqa: E402
+from stream_dedup.index.memory import DocArena  # noqa: E402
 
 CHUNK = 10_000
 RING = 65_536
@@ -68,16 +68,6 @@ TEXT_LENGTH = 9_400
 # (byte histogram); 115 equally likely byte values carry 6.85. It matters only on disk (LSM
 # compression); a constant signature (bench/index_bench.py's) compresses to nothing.
 SIG_ALPHABET = np.arange(70, 185, dtype=np.uint8)
-
-
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
 
 
 def mem_available() -> int:
@@ -176,7 +166,7 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float) -> dict[str
     index = MemoryIndex(Settings().params.stamp, Settings().max_posting)
     gc.collect()
     _trim()
-    before = _status()
+    before = proc_status()
     spent = 0.0
     found = 0
     reached = n
@@ -196,9 +186,9 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float) -> dict[str
             spent += perf() - t0
         del probes, docs
     gc.collect()
-    after = _status()
+    after = proc_status()
     _trim()
-    trimmed = _status()
+    trimmed = proc_status()
     stats = index.stats()
     columns = isinstance(index._docs, DocArena)  # else a list of StoredDoc objects (before)
     return {

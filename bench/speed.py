@@ -61,7 +61,7 @@ from selectolax.lexbor import LexborHTMLParser
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import benchlib  # noqa: E402
-from benchlib import table  # noqa: E402
+from benchlib import proc_status, table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.core import extract, ldsig  # noqa: E402
@@ -534,21 +534,11 @@ def scaling(passes: int, budget_mb: float) -> str:
 _CHUNK = 10_000  # pages generated at a time (small: their transient memory is in the RSS)
 
 
-def _status() -> dict[str, int]:
-    out = {}
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(("VmRSS:", "VmHWM:")):
-                key, value = line.split(":", 1)
-                out[key] = int(value.split()[0]) * 1024
-    return out
-
-
 def memory_child(kind: str, n: int) -> dict[str, float]:
     """Insert n pages of random features into `kind`; runs in its own process."""
     rng = np.random.default_rng(20261121)
     gc.collect()
-    before = _status()
+    before = proc_status()
     spent = 0.0
     perf = time.perf_counter
     if kind == "multimaps":
@@ -603,11 +593,11 @@ def memory_child(kind: str, n: int) -> dict[str, float]:
     else:
         raise SystemExit(f"unknown memory kind {kind}")
     gc.collect()
-    after = _status()
+    after = proc_status()
     trimmed = after
     try:  # give freed heap pages (merge temporaries) back to the OS, then look again
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        trimmed = _status()
+        trimmed = proc_status()
     except (OSError, AttributeError):
         pass
     return {

@@ -312,7 +312,6 @@ def band_keys(sketch84: np.ndarray, b: int, r: int) -> np.ndarray:
 @dataclass
 class Walked:
     outcomes: list[Outcome]
-    reasons: Counter[str]
     tier_pages: int = 0  # pages that reached the near-verified tier
     candidates: int = 0  # pages the lookup returned for them
     verified: int = 0  # verifications run (at most MAX_CANDIDATES a page)
@@ -363,32 +362,23 @@ class Walker:
         postings: dict[int, list[int]] = {}  # feature key -> kept pages, oldest first
         band_post: dict[tuple[int, int], list[int]] = {}
         out: list[Outcome] = []
-        w = Walked(out, Counter())
+        w = Walked(out)
         self.reads = 0
         for i, status in enumerate(p.status):
             if status == SKIP:
                 out.append(Outcome(SKIP))
                 continue
-            first = raw_first.get(p.raw_fp[i])
+            first = raw_first.get(p.raw_fp[i])  # exact, then canonical (pages with text)
             if first is None and p.text_length[i] > 0:
                 first = canon_first.get(p.canonical_fp[i])
-                reason = "canonical"
-            else:
-                reason = "exact"
+            if first is None and status == "long":
+                t0 = time.perf_counter()
+                first = self._near(i, postings, band_post, w)
+                w.seconds += time.perf_counter() - t0
             if first is not None:
                 out.append(Outcome(DROP, first))
-                w.reasons[reason] += 1
                 continue
-            if status == "long":
-                t0 = time.perf_counter()
-                named, reason = self._near(i, postings, band_post, w)
-                w.seconds += time.perf_counter() - t0
-                if named is not None:
-                    out.append(Outcome(DROP, named))
-                    w.reasons[reason] += 1
-                    continue
             out.append(Outcome(KEEP))
-            w.reasons[f"keep {status}"] += 1
             raw_first.setdefault(p.raw_fp[i], i)
             if p.text_length[i] > 0:
                 canon_first.setdefault(p.canonical_fp[i], i)
@@ -400,7 +390,8 @@ class Walker:
         return w
 
     def _near(self, i: int, postings: dict[int, list[int]],
-              band_post: dict[tuple[int, int], list[int]], w: Walked) -> tuple[int | None, str]:
+              band_post: dict[tuple[int, int], list[int]], w: Walked) -> int | None:
+        """The kept page a long page is a near-duplicate of (near or near-verified), if any."""
         shared: Counter[int] = Counter()
         for key in self.p.feature_keys[i]:
             shared.update(postings.get(key, ())[-CAP:])
@@ -409,8 +400,8 @@ class Walker:
         if found:
             for k in found[:MAX_CANDIDATES]:
                 if self.passes(i, k, NEAR_BAR):
-                    return k, "near"
-            return None, "verified-distinct"
+                    return k  # near
+            return None  # verified-distinct
         if self.bands:
             for j, key in enumerate(self.bands[i]):
                 shared.update(band_post.get((j, key), ())[-CAP:])
@@ -421,8 +412,8 @@ class Walker:
         for k in weak[:MAX_CANDIDATES]:
             w.verified += 1
             if self.passes(i, k, self.v.bar):
-                return k, "near-verified"
-        return None, "unique"
+                return k  # near-verified
+        return None
 
 
 # --- the estimator against exact J ------------------------------------------------------------

@@ -269,12 +269,14 @@ class AnalysisPool:
             self._broken(executor)
             raise
         done: list[list[Analysis]] = []
+        started = perf_counter()
         for k, task in enumerate(tasks):
             f = futures[k]
             assert f is not None
             if not f.cancel():  # taken: so is every task after it
                 break
             done.append([analyzer.analyze(p) for p in task])
+        here, waiting = len(done), perf_counter()
         try:
             for k in range(len(done), len(tasks)):
                 f = futures[k]
@@ -284,4 +286,8 @@ class AnalysisPool:
         except BrokenProcessPool:
             self._broken(executor)
             raise
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("analysed %d pages in %d tasks: %d here (%.3f s), %d by the workers "
+                      "(waited %.3f s more)", len(pages), len(tasks), here,
+                      waiting - started, len(tasks) - here, perf_counter() - waiting)
         return [a for task in done for a in task]

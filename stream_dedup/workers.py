@@ -51,10 +51,12 @@ class WorkerPool(ProcessPoolExecutor):
                          initargs=(alive, initializer, initargs))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        # A second super().shutdown() would not wait: the first forgets the manager thread.
+        manager = self._executor_manager_thread
         super().shutdown(wait=False, cancel_futures=cancel_futures)
         self._alive.close()  # idempotent; every worker sees EOF and exits
-        if wait:
-            super().shutdown(wait=True)
+        if wait and manager is not None:
+            manager.join()
 
 
 def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()

@@ -1,16 +1,18 @@
 """The pure stages of a page (`Analyzer`), and the processes that run them (`AnalysisPool`).
 
     deciding thread                                 worker processes (AnalysisPool)
-    batch's bodies -> chunks (~CHUNK_BYTES each)
-      chunk n-1, n-2, ... submitted ──────────────>  take chunks from the back
-      analyses chunks 0, 1, ... itself while they    (a page goes out whole; its analysis
-      are not taken yet (cancel() succeeds)           comes back without it: fingerprints,
-      <─────────────────────────────────────────────  sketch, features, LD signature)
+    batch's bodies -> tasks (~CHUNK_BYTES each)
+      keeps 2 tasks per process submitted, ───────>  take the tasks from the back
+      from the back                                  (a page goes out whole; its analysis
+      analyses tasks 0, 1, ... itself until the      comes back without it: fingerprints,
+      two ends meet  <──────────────────────────────  sketch, features, LD signature)
     ordered decide step (pipeline.py)
 
-The deciding thread never idles while chunks wait, and never waits for a worker that is not
-up yet: the processes start in the background (`start`), and until they are ready every
-batch is analysed in the calling thread. A pool is bound to the Settings it was built with;
+No task is sent that this thread might also take (nothing to cancel: a process pool that
+breaks fails on a cancelled future), the workers always have the next task queued, and the
+deciding thread never idles while tasks wait, nor waits for a worker that is not up yet:
+the processes start in the background (`start`), and until they are ready every batch is
+analysed in the calling thread. A pool is bound to the Settings it was built with;
 `Deduplicator.check_batch` refuses one built with others (their analyses would decide
 differently) and anything that is not an AnalysisPool.
 """
@@ -25,12 +27,13 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from time import perf_counter
 
+import numpy as np
 import xxhash
 
 from .config import Settings
 from .core.canonical import canonicalize, kernels
 from .core.sketch import Sketcher
-from .core.tokens import Tokens
+from .core.tokens import Tokens, adopt_tables, tables
 from .decide import Analysis
 from .errors import PageError
 from .models import Page
@@ -116,8 +119,10 @@ _WORKER: Analyzer | None = None
 _NO_PAGE = Page(url="", body=b"")
 
 
-def _worker_init(settings: Settings) -> None:
+def _worker_init(settings: Settings, tables: tuple[str, np.ndarray, np.ndarray, np.ndarray]
+                 ) -> None:
     global _WORKER
+    adopt_tables(*tables)
     _WORKER = Analyzer(settings)
 
 
@@ -194,8 +199,10 @@ class AnalysisPool:
     def _start(self) -> None:
         started = perf_counter()
         try:
-            executor = worker_pool(self.processes, _worker_init, (self.settings,))
-            # In the background: the first start of a forkserver imports the package in it.
+            # The parent's tables go along (it needs them too): a worker that built its own
+            # would spend ~0.4 s on them before its first page.
+            executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
+            # In the background: the first start of a forkserver imports the package there.
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
                 ready.result()
         except Exception:
@@ -258,31 +265,28 @@ class AnalysisPool:
         if executor is None or len(pages) < 2:
             return [analyzer.analyze(p) for p in pages]
         tasks = chunks(pages)
-        futures: list[Future[list[Analysis]] | None] = [None] * len(tasks)
-        try:
-            for k in reversed(range(len(tasks))):  # the processes work from the back
-                futures[k] = executor.submit(_worker_analyze, tasks[k])
-        except BrokenProcessPool:
-            for f in futures:
-                if f is not None:
-                    f.cancel()
-            self._broken(executor)
-            raise
-        done: list[list[Analysis]] = []
+        done: list[list[Analysis] | None] = [None] * len(tasks)
+        running: dict[int, Future[list[Analysis]]] = {}
+        depth = 2 * self.processes  # a task queued behind each one running: no worker waits
+        low, high = 0, len(tasks)  # this thread takes tasks[low], the processes tasks[high - 1]
+        here = 0
         started = perf_counter()
-        for k, task in enumerate(tasks):
-            f = futures[k]
-            assert f is not None
-            if not f.cancel():  # taken: so is every task after it
-                break
-            done.append([analyzer.analyze(p) for p in task])
-        here, waiting = len(done), perf_counter()
         try:
-            for k in range(len(done), len(tasks)):
-                f = futures[k]
-                assert f is not None
-                done.append([replace(a, page=p) for p, a in zip(tasks[k], f.result(),
-                                                                 strict=True)])
+            while low < high:
+                for k, f in list(running.items()):
+                    if f.done():
+                        done[k] = self._stripped(tasks[k], f)
+                        del running[k]
+                while len(running) < depth and high > low:
+                    high -= 1
+                    running[high] = executor.submit(_worker_analyze, tasks[high])
+                if low < high:
+                    done[low] = [analyzer.analyze(p) for p in tasks[low]]
+                    low += 1
+                    here += 1
+            waiting = perf_counter()
+            for k, f in running.items():
+                done[k] = self._stripped(tasks[k], f)
         except BrokenProcessPool:
             self._broken(executor)
             raise
@@ -290,4 +294,9 @@ class AnalysisPool:
             log.debug("analysed %d pages in %d tasks: %d here (%.3f s), %d by the workers "
                       "(waited %.3f s more)", len(pages), len(tasks), here,
                       waiting - started, len(tasks) - here, perf_counter() - waiting)
-        return [a for task in done for a in task]
+        return [a for task in done if task is not None for a in task]
+
+    @staticmethod
+    def _stripped(task: list[Page], f: Future[list[Analysis]]) -> list[Analysis]:
+        """A worker's analyses, each given back its page (the worker sends none)."""
+        return [replace(a, page=p) for p, a in zip(task, f.result(), strict=True)]

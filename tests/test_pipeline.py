@@ -225,3 +225,30 @@ def test_pages_sharing_fewer_than_r_features_are_verified_and_dropped() -> None:
     assert off.check_html("http://a/2", b).reason == "unique"
     unrelated = dd.check_html("http://a/3", _html(_article(random.Random(999), 1500)))
     assert unrelated.reason == "unique"
+
+
+def test_a_killed_worker_breaks_one_batch_and_new_workers_serve_the_next() -> None:
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from stream_dedup.pipeline import AnalysisPool, Analyzer
+
+    settings = Settings()
+    analyzer = Analyzer(settings)
+    pages = [Page(p.url, p.html.encode(), (("Content-Type", "text/html"),))
+             for p in build(seed=9)]
+    expected = [analyzer.analyze(p) for p in pages]
+    with AnalysisPool(settings, 2) as pool:
+        assert pool.wait_ready(60)
+        for pid in list(pool._executor._processes):  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            for _ in range(50):  # until the pool has noticed
+                pool.analyse(analyzer, pages)
+        assert not pool.ready
+        assert pool.wait_ready(60) and pool.starts == 2
+        got = pool.analyse(analyzer, pages)
+    strip = [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in got]
+    assert strip == [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in expected]
+    assert [a.page for a in got] == pages

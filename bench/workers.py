@@ -51,7 +51,7 @@ from stream_dedup.replay import replay
 from stream_dedup.sinks import JsonlSink
 from stream_dedup.sources.files import iter_inputs
 
-SMALL_DEFAULT = "pywb/iana.warc.gz"
+SMALL_DEFAULT = "copycat/commoncrawl-small-sample-1213893279526_0.arc"
 
 
 def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
@@ -62,13 +62,15 @@ def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
     return path
 
 
-def run_replay(files: Sequence[Path], workers: int, batch_size: int) -> tuple[float, float, int]:
-    """(replay seconds from the summary, whole process seconds, pages)."""
+def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO
+               ) -> tuple[float, float, int]:
+    """(replay seconds from the summary, whole process seconds, pages) of the package in
+    `code` (a checkout)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as summary:
         cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
                str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
                "--summary-json", summary.name]
-        env = dict(os.environ, PYTHONPATH=str(REPO))
+        env = dict(os.environ, PYTHONPATH=str(code))
         started = time.perf_counter()
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - started
@@ -140,6 +142,8 @@ def main() -> None:
     ap.add_argument("--inputs", default="corpora,synthetic,small")
     ap.add_argument("--small", default=SMALL_DEFAULT, help="one file under corpora/warc")
     ap.add_argument("--batch-size", type=int, default=Settings().batch_size)
+    ap.add_argument("--before", type=Path, metavar="CHECKOUT",
+                    help="also time this checkout (its extension built in place), same rounds")
     args = ap.parse_args()
     print(header("## --workers 2 against --workers 1 (bench/workers.py)"))
     tmp = Path(tempfile.mkdtemp(prefix="workers-bench-"))
@@ -157,24 +161,28 @@ def main() -> None:
     print(f"host: one CPU-bound process {one:.2f} s; two at once do {two:.2f}x the work of "
           f"one (2.00 on two free cores)\n")
 
-    got: dict[tuple[str, int], list[tuple[float, float, int]]] = {}
+    codes = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
+    got: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {}
     for r in range(args.rounds):
         for name, files in inputs.items():
-            for w in ((1, 2) if r % 2 == 0 else (2, 1)):
-                got.setdefault((name, w), []).append(run_replay(files, w, args.batch_size))
+            for code, path in codes.items():
+                for w in ((1, 2) if r % 2 == 0 else (2, 1)):
+                    got.setdefault((name, code, w), []).append(
+                        run_replay(files, w, args.batch_size, path))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     rows = []
     for name in inputs:
-        runs1, runs2 = got[(name, 1)], got[(name, 2)]
-        pages = runs1[0][2]
-        for k, label in ((0, "replay"), (1, "process")):
-            s1 = [x[k] for x in runs1]
-            s2 = [x[k] for x in runs2]
-            m1, m2 = statistics.median(s1), statistics.median(s2)
-            rows.append([name, label, pages, m1, m2, pages / m1, pages / m2, m1 / m2,
-                         median_ratio(s1, s2), f"{min(s2):.2f}-{max(s2):.2f}"])
-    print(table(["input", "timed", "pages", "s w=1", "s w=2", "pages/s w=1", "pages/s w=2",
-                 "2/1 (medians)", "2/1 (rounds)", "w=2 range s"], rows))
+        for code in codes:
+            runs1, runs2 = got[(name, code, 1)], got[(name, code, 2)]
+            pages = runs1[0][2]
+            for k, label in ((0, "replay"), (1, "process")):
+                s1 = [x[k] for x in runs1]
+                s2 = [x[k] for x in runs2]
+                m1, m2 = statistics.median(s1), statistics.median(s2)
+                rows.append([name, code, label, pages, m1, m2, pages / m1, pages / m2, m1 / m2,
+                             median_ratio(s1, s2), f"{min(s2):.2f}-{max(s2):.2f}"])
+    print(table(["input", "code", "timed", "pages", "s w=1", "s w=2", "pages/s w=1",
+                 "pages/s w=2", "2/1 (medians)", "2/1 (rounds)", "w=2 range s"], rows))
     print()
 
     s = Settings()

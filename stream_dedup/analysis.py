@@ -38,6 +38,7 @@ from .decide import Analysis
 from .errors import PageError
 from .models import Page
 from .workers import pool as worker_pool
+from .workers import start_forkserver
 
 log = logging.getLogger("stream_dedup")
 
@@ -199,6 +200,7 @@ class AnalysisPool:
     def _start(self) -> None:
         started = perf_counter()
         try:
+            start_forkserver()  # it imports the package while this thread builds the tables
             # The parent's tables go along (it needs them too): a worker that built its own
             # would spend ~0.4 s on them before its first page.
             executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))

@@ -137,7 +137,8 @@ def _kafka_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
     g.add_argument("--batch-size", type=int, metavar="N",
                    help="records decided and committed together (default 500)")
     g.add_argument("--workers", type=int, metavar="N",
-                   help="processes for parsing and sketching (default 1)")
+                   help="cores for parsing and sketching: the deciding thread and "
+                   "N-1 worker processes (default 1)")
 
 
 def _http_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
@@ -327,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
     rp.add_argument("--workers", type=int, metavar="N",
-                    help="processes for parsing and sketching (default 1)")
+                    help="cores for parsing and sketching: the deciding thread and "
+                    "N-1 worker processes (default 1)")
     rp.add_argument("--batch-size", type=int, metavar="N",
                     help="pages decided and written together (default 500)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,

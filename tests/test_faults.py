@@ -25,7 +25,9 @@ from test_service import (
 pytestmark = pytest.mark.kafka
 service = test_service.service  # the fixture, found by pytest under its name here
 
-WORKERS = ("--workers", "2", "--batch-size", "300")
+# The deciding thread and two worker processes (--workers N analyses on N cores: N - 1
+# processes), so that a killed worker leaves another behind that must exit too.
+WORKERS = ("--workers", "3", "--batch-size", "300")
 GONE_WITHIN_S = 30.0  # measured: 0.2 s
 
 

@@ -51,6 +51,9 @@ MIN_POOL_PAGES = 200
 # enough that a task's fixed cost (a future, two pickles, a pipe round trip) stays small.
 CHUNK_BYTES = 512 * 1024
 CHUNK_PAGES = 32
+# Tasks kept submitted per process: one running, the next already queued, so that a worker
+# does not wait for the parent's threads (which share the GIL with reading and deciding).
+QUEUED_PER_PROCESS = 2
 
 
 def raw_fingerprint(body: bytes) -> int:
@@ -269,7 +272,7 @@ class AnalysisPool:
         tasks = chunks(pages)
         done: list[list[Analysis] | None] = [None] * len(tasks)
         running: dict[int, Future[list[Analysis]]] = {}
-        depth = 2 * self.processes  # a task queued behind each one running: no worker waits
+        depth = QUEUED_PER_PROCESS * self.processes
         low, high = 0, len(tasks)  # this thread takes tasks[low], the processes tasks[high - 1]
         here = 0
         started = perf_counter()

@@ -1,7 +1,8 @@
 """Imported by the analysis pool's forkserver at its start (forkserver preload), and by
 nothing else: it makes that process, and every worker it forks, ignore the stop signals
 (see workers.py). Importing the package loads the pipeline too, so a worker is forked with
-it loaded instead of importing it again."""
+it loaded instead of importing it again (its tokenizer tables come from the parent: see
+AnalysisPool)."""
 
 from .workers import ignore_stop_signals
 

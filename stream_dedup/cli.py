@@ -151,7 +151,8 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
     ],
     "throughput": [
         Flag("batch_size", "records decided, delivered and committed together", "N"),
-        Flag("workers", "processes for parsing and sketching", "N"),
+        Flag("workers", "cores for parsing and sketching: the deciding thread and N-1 "
+             "worker processes", "N"),
     ],
     "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats); a bearer token for "
     "/v1/* from STREAM_DEDUP_HTTP_TOKEN or the config file's http_token, never a flag "

@@ -60,6 +60,9 @@ class Source(Protocol):
     redelivers: bool
     # Its pages were fetched moments ago: decision latency counts from their fetched_at.
     live: bool
+    # Its next batch may be fetched while one is decided (nothing to hold or commit in
+    # between, nothing a rebalance takes: files): the runner then keeps an analysis pool busy.
+    reads_ahead: bool
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
         """The next batch (no records: nothing yet), or None when the source has ended."""
@@ -122,6 +125,8 @@ class Faults:
 class PageRecords:
     """For a source whose records are pages (or rejects) already and whose batches nothing
     else changes: a batch is held as it is, a record is its own item."""
+
+    reads_ahead = False
 
     def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
         return contextlib.nullcontext(batch)

@@ -103,6 +103,7 @@ class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
 class KafkaSource:
     redelivers = True
     live = True
+    reads_ahead = False  # a batch is held against rebalances until it is committed
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: FeatureIndex,
                  metrics: Metrics) -> None:

@@ -1,7 +1,8 @@
 """The only place the dedup steps are sequenced: Page -> Decision.
 
-    Analyzer (pure, may run in worker processes): raw fingerprint; canonical text and
-        its fingerprint; shingles -> sketch -> features -> LD signature
+    Analyzer (analysis.py; pure, may share a batch with an AnalysisPool's processes): raw
+        fingerprint; canonical text and its fingerprint; shingles -> sketch -> features ->
+        LD signature
     Deduplicator (ordered, owns the index): per batch, index.lookup -> decide.py's pure
         decide step -> index.claim; the keep/drop rules are drawn in decide.py
 
@@ -19,26 +20,22 @@ import logging
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from time import perf_counter
 from typing import Any, NamedTuple, Protocol
 
-import xxhash
-
+from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
 from .config import Settings
-from .core.canonical import canonicalize, kernels
-from .core.sketch import Sketcher
-from .core.tokens import Tokens
 from .decide import Analysis, decide_batch
-from .errors import IndexUnavailable, PageError
+from .errors import IndexUnavailable
 from .index import index_for
 from .index.base import WAIT, Claim, FeatureIndex, Plan, Probe
 from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
-from .workers import pool as worker_pool
 
 log = logging.getLogger("stream_dedup")
+__all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
+           "StageTimes", "canonical_fingerprint", "raw_fingerprint", "verify_outcome"]
 # Rounds of one batch with a claim lost before it is given up: a shared index loses a claim
 # only to a concurrent instance, so a few such rounds are the rule.
 MAX_ROUNDS = 50
@@ -91,94 +88,6 @@ def _probe(a: Analysis, page_id: int) -> Probe:
     """What a page asks the index: exact layers only unless it has features."""
     canonical = a.canonical_fp if a.text_length > 0 else None
     return Probe(page_id, a.raw_fp, canonical, a.features)
-
-
-def raw_fingerprint(body: bytes) -> int:
-    return xxhash.xxh3_64_intdigest(body)
-
-
-def canonical_fingerprint(tokens: Tokens) -> int:
-    """xxh3 of the canonical text's UTF-32 code units (read in place, not copied)."""
-    return xxhash.xxh3_64_intdigest(tokens.codepoints.data)
-
-
-class Analyzer:
-    """The pure part: bytes to fingerprints, sketch and features. No index, no I/O."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.sketcher = Sketcher(settings.params)
-        if kernels() != "compiled":
-            log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
-                        "was not built or not bound): same decisions, several times slower; "
-                        "reinstall with a C compiler present", kernels())
-
-    def analyze(self, page: Page) -> Analysis:
-        """All pure stages for one page (what a worker process runs)."""
-        a, tokens = self.canonical(page)
-        return a if tokens is None else self.finish(a, tokens)
-
-    def canonical(self, page: Page) -> tuple[Analysis, Tokens | None]:
-        """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
-        started = perf_counter()
-        raw_fp = raw_fingerprint(page.body)
-        limit = self.settings.max_page_bytes
-        if len(page.body) > limit:
-            err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")
-            return Analysis(page, raw_fp, error=err, canonical_s=perf_counter() - started), None
-        try:
-            tokens = canonicalize(
-                page.body, page.header("content-type"), boilerplate=self.settings.boilerplate
-            )
-        except PageError as err:
-            return Analysis(page, raw_fp, error=err, canonical_s=perf_counter() - started), None
-        except Exception as exc:  # a parser bug must reject one page, not stop the stream
-            bug = PageError("parse-error", repr(exc))
-            return Analysis(page, raw_fp, error=bug, canonical_s=perf_counter() - started), None
-        a = Analysis(
-            page,
-            raw_fp,
-            canonical_fingerprint(tokens),
-            text_length=int(tokens.codepoints.shape[0]),
-            shingle_count=max(0, len(tokens) - self.settings.shingle_words + 1),
-            canonical_s=perf_counter() - started,
-        )
-        return a, tokens
-
-    def finish(self, a: Analysis, tokens: Tokens) -> Analysis:
-        """Sketch, features and LD signature (skipped for short pages)."""
-        if a.shingle_count < self.settings.min_shingles:
-            return a
-        started = perf_counter()
-        sk, features, sig = self.sketcher.page(tokens.hashes, tokens.codepoints)
-        # Built directly: dataclasses.replace costs several µs a page.
-        return Analysis(a.page, a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, sk,
-                        features, sig, None, a.canonical_s, perf_counter() - started)
-
-
-_WORKER: Analyzer | None = None
-
-
-def _worker_init(settings: Settings) -> None:
-    global _WORKER
-    _WORKER = Analyzer(settings)
-
-
-_NO_PAGE = Page(url="", body=b"")
-
-
-def _worker_analyze(page: Page) -> Analysis:
-    """The analysis without its page: the caller still has it, and the body (tens of KB)
-    need not be pickled back across the process boundary."""
-    assert _WORKER is not None, "analysis_pool() initializes every worker"
-    return replace(_WORKER.analyze(page), page=_NO_PAGE)
-
-
-def analysis_pool(settings: Settings, workers: int) -> ProcessPoolExecutor:
-    """Worker processes for the pure stages (parse, shingle, sketch): both cores busy
-    while the ordered, stateful decide step stays in the caller. They ignore SIGINT and
-    SIGTERM (the caller decides when to stop) and exit when the caller dies (workers.py)."""
-    return worker_pool(workers, _worker_init, (settings,))
 
 
 @dataclass
@@ -261,16 +170,20 @@ class Deduplicator:
             yield self.reject(item) if isinstance(item, Rejected) else self.check(item)
 
     def check_batch(
-        self, items: Sequence[Page | Rejected], pool: Executor | None = None, *,
+        self, items: Sequence[Page | Rejected], pool: AnalysisPool | None = None, *,
         redeliveries: bool = True,
     ) -> list[Decision]:
-        """Decisions for a batch, in order; the pure stages may run in `pool` (see
-        `analysis_pool`). Gives exactly the decisions `check` would give one by one.
+        """Decisions for a batch, in order; the pure stages may run in `pool`, an
+        AnalysisPool built with this Deduplicator's Settings (anything else is refused: a
+        TypeError, or a ValueError for other Settings). Gives exactly the decisions `check`
+        would give one by one.
 
         `redeliveries`: the items may be records delivered before (Kafka), so a page whose
         `source` and body were decided already gets that decision again. False for a source
         that never delivers a record twice (files): there a page seen before is a duplicate
         (or, read in a second replay, a page of the index), and nothing is remembered."""
+        if pool is not None:
+            self._check_pool(pool)
         out: list[Decision | None] = [None] * len(items)
         times: list[StageTimes] = [_NOT_RUN] * len(items)
         fresh = [True] * len(items)  # False: delivered again, answered as before
@@ -322,20 +235,31 @@ class Deduplicator:
         return [p.position if p.position is not None else pid if same is p else next(fresh)
                 for p, (same, pid) in zip(pages, again, strict=True)]
 
+    def _check_pool(self, pool: object) -> None:
+        if not isinstance(pool, AnalysisPool):
+            raise TypeError(f"check_batch(items, pool): pool must be an AnalysisPool (or "
+                            f"None), not {type(pool).__name__}; build one with "
+                            f"AnalysisPool(settings, workers)")
+        if pool.settings != self.settings:
+            differ = sorted(f for f in self.settings.names()
+                            if getattr(pool.settings, f) != getattr(self.settings, f))
+            raise ValueError(f"this AnalysisPool was built with other Settings than this "
+                             f"Deduplicator ({', '.join(differ) or 'params'} differ): its "
+                             f"analyses would decide differently")
+
     def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
-                 pool: Executor | None) -> list[Analysis]:
-        """Each distinct body analysed once (in `pool` if given); a copy of a stored page
-        only fingerprinted."""
+                 pool: AnalysisPool | None) -> list[Analysis]:
+        """Each distinct body analysed once (shared with `pool` if given); a copy of a
+        stored page only fingerprinted."""
         todo: dict[int, Page] = {}
         for page, fp, is_stored in zip(pages, fps, stored, strict=True):
             if not is_stored:
                 todo.setdefault(fp, page)
         bodies = list(todo.values())
-        if pool is None or len(bodies) < 2:
+        if pool is None:
             done = [self.analyzer.analyze(p) for p in bodies]
         else:
-            stripped = pool.map(_worker_analyze, bodies, chunksize=max(1, len(bodies) // 16))
-            done = [replace(a, page=p) for p, a in zip(bodies, stripped, strict=True)]
+            done = pool.analyse(self.analyzer, bodies)
         by_fp = {a.raw_fp: a for a in done}
         out = []
         for page, fp in zip(pages, fps, strict=True):

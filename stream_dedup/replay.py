@@ -7,10 +7,11 @@ commit, retention) -> FileSink (one decision per input page, in input order; dea
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -20,10 +21,16 @@ from tqdm import tqdm
 from .config import Settings
 from .metrics import Metrics
 from .models import Decision
-from .pipeline import Deduplicator, analysis_pool
+from .pipeline import AnalysisPool, Deduplicator
 from .runner import Runner
 from .sinks import FileSink, Writer
 from .sources.files import FileSource
+
+log = logging.getLogger("stream_dedup")
+# Inputs of at least this many bytes on disk start the analysis processes at once, so that
+# they boot (~0.3 s on another core) while the first batch is read; a smaller replay starts
+# them only if a batch turns out to have MIN_POOL_PAGES pages to analyse (analysis.py).
+EARLY_START_BYTES = 16 << 20
 
 
 @dataclass
@@ -117,20 +124,25 @@ def replay(
         bar.set_postfix(kept=shown["keep"], dropped=shown["drop"], rejected=shown["reject"],
                         refresh=False)
 
-    def new_pool() -> Executor:
-        return analysis_pool(settings, workers)
-
-    runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered),
-                    new_pool() if workers > 1 else None, metrics,
-                    new_pool if workers > 1 else None)
+    pool = AnalysisPool(dedup.settings, workers) if workers > 1 else None
+    if pool is not None:
+        size = _input_bytes(paths)
+        if size >= EARLY_START_BYTES:
+            pool.start()
+        else:
+            log.info("replay of %.1f MB: the %d analysis worker process(es) start only for a "
+                     "batch of enough pages (small inputs are analysed in this process)",
+                     size / 1e6, pool.processes)
+    runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered), pool,
+                    metrics)
     try:
         asyncio.run(runner.run(asyncio.Event()))
         summary.index = dedup.index.stats()
     finally:
         bar.close()
         sink.close()
-        if runner.pool is not None:
-            runner.pool.shutdown()
+        if pool is not None:
+            pool.shutdown()
         if owned:
             dedup.close()
     summary.seconds = time.perf_counter() - started
@@ -141,3 +153,13 @@ def replay(
     summary.unreadable = list(source.stats.unreadable)
     summary.repeated = list(source.stats.repeated)
     return summary
+
+
+def _input_bytes(paths: Sequence[str | Path]) -> int:
+    total = 0
+    for p in paths:
+        try:
+            total += os.stat(p).st_size
+        except OSError:
+            pass  # the source reports it
+    return total

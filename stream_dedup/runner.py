@@ -21,6 +21,8 @@ index's positions), and one not in it is decided against the same index state.
 Faults, and what the runner does:
 - a page whose deciding raises an unexpected error becomes an `internal-error` reject; a
   worker process that died (BrokenProcessPool) is replaced and the batch decided here;
+- with an analysis pool, a source that reads ahead (files: nothing to hold or commit
+  between batches) has its next batch read while this one is decided;
 - the index unavailable (IndexUnavailable: a shared index's node down, or a page to wait
   for): nothing of the batch is delivered or committed; the same step is tried again with
   backoff (INDEX_BACKOFF_S), `index_ok` is False meanwhile (/readyz says so), one warning
@@ -40,7 +42,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -51,7 +53,7 @@ from .edges import Batch, Faults, Sink, Source
 from .errors import IndexUnavailable, StreamDedupError
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
-from .pipeline import Deduplicator
+from .pipeline import AnalysisPool, Deduplicator
 
 log = logging.getLogger("stream_dedup.runner")
 
@@ -107,9 +109,8 @@ class Runner:
         dedup: Deduplicator,
         source: Source,
         sink: Sink,
-        pool: Executor | None = None,
+        pool: AnalysisPool | None = None,
         metrics: Metrics | None = None,
-        new_pool: Callable[[], Executor] | None = None,
         faults: Faults | None = None,
     ) -> None:
         self.settings = settings
@@ -118,7 +119,6 @@ class Runner:
         self.sink = sink
         self.pool = pool
         self.metrics = metrics or Metrics(settings, process=False)
-        self.new_pool = new_pool  # a worker died (OOM killer...): new workers for the next
         self.faults = faults or Faults()
         self.stats = RunStats()
         self.index_ok = True  # False while the index is unavailable (/readyz reports it)
@@ -129,15 +129,25 @@ class Runner:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process batches until `stop` is set or the source ends; the batch in flight is
-        finished (or abandoned uncommitted, see STOP_GRACE_S)."""
+        finished (or abandoned uncommitted, see STOP_GRACE_S). A source that `reads_ahead`
+        (files), with an analysis pool, is read one batch ahead: its next batch is read
+        while this one is decided, so the worker processes are not idle meanwhile."""
         loop = asyncio.get_running_loop()
+        ahead = self.pool is not None and self.source.reads_ahead
+        next_fetch: asyncio.Task[Batch | None] | None = None
         try:
             while not stop.is_set():
                 await self._expire(stop)
-                fetched = await self.source.fetch(self.settings.batch_size, stop)
+                if next_fetch is not None:
+                    fetched, next_fetch = await next_fetch, None
+                else:
+                    fetched = await self.source.fetch(self.settings.batch_size, stop)
                 if fetched is None:
                     return
                 if fetched.records:
+                    if ahead:
+                        next_fetch = asyncio.ensure_future(
+                            self.source.fetch(self.settings.batch_size, stop))
                     async with self.source.hold(fetched) as batch:
                         if batch.records:
                             await self.process(batch, stop)
@@ -145,6 +155,10 @@ class Runner:
                     await loop.run_in_executor(self._thread, self.metrics.refresh_index,
                                                self.dedup)
         finally:
+            if next_fetch is not None:  # read, never decided: it was not committed either
+                next_fetch.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await next_fetch
             self._thread.shutdown(wait=True)
 
     async def process(self, batch: Batch, stop: asyncio.Event) -> None:
@@ -236,9 +250,8 @@ class Runner:
         except BrokenProcessPool:
             log.error("a worker process died while analysing a batch of %d; starting new "
                       "workers, and deciding this batch in this process", len(items))
-            broken, self.pool = self.pool, self.new_pool() if self.new_pool else None
-            if broken is not None:
-                broken.shutdown(wait=False, cancel_futures=True)
+            if self.pool is not None:
+                self.pool.start()  # the broken processes are gone (AnalysisPool.analyse)
         except Exception:
             log.exception("deciding a batch of %d raised; deciding its pages one at a time",
                           len(items))

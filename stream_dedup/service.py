@@ -40,7 +40,7 @@ from .kafka_client import (
 )
 from .kafka_edges import KafkaSink, KafkaSource
 from .metrics import Metrics
-from .pipeline import Deduplicator, analysis_pool
+from .pipeline import AnalysisPool, Deduplicator
 from .runner import Abandoned, Runner, within_grace
 from .sources.warc import SourceStats
 
@@ -124,7 +124,9 @@ class Service:
             log.error("cannot open the index: %s", exc)
             return 2
         self.api.dedup = dedup
-        pool = analysis_pool(settings, settings.workers) if settings.workers > 1 else None
+        pool = AnalysisPool(settings, settings.workers) if settings.workers > 1 else None
+        if pool is not None:
+            pool.start()  # in the background: a service runs long enough to use them
         m = self.metrics
         quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
         consumer = self.consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
@@ -144,9 +146,7 @@ class Service:
         source = KafkaSource(settings, consumer, dedup.index, m)
         sink = KafkaSink(settings, None, m, new_producer=new_producer)
         runner = self.runner = Runner(
-            settings, dedup, source, sink, pool, m,
-            new_pool=(lambda: analysis_pool(settings, settings.workers)) if pool else None,
-            faults=self.faults)
+            settings, dedup, source, sink, pool, m, faults=self.faults)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
                  "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
@@ -182,8 +182,8 @@ class Service:
             # The consumer even if its start was cut short.
             clients = [c for c in (sink.producer, consumer) if c is not None]
             await asyncio.gather(*(stop_within(c, CLOSE_TIMEOUT_S) for c in clients))
-            if runner.pool is not None:
-                runner.pool.shutdown()
+            if pool is not None:
+                pool.shutdown()
             await asyncio.to_thread(dedup.close)
             s = runner.stats
             log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",

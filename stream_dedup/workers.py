@@ -51,15 +51,17 @@ class WorkerPool(ProcessPoolExecutor):
                          initargs=(alive, initializer, initargs))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        # A second super().shutdown() would not wait: the first forgets the manager thread.
+        manager = self._executor_manager_thread
         super().shutdown(wait=False, cancel_futures=cancel_futures)
         self._alive.close()  # idempotent; every worker sees EOF and exits
-        if wait:
-            super().shutdown(wait=True)
+        if wait and manager is not None:
+            manager.join()
 
 
-def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
-         ) -> ProcessPoolExecutor:
-    """A forkserver process pool whose workers ignore stop signals and die with this process."""
+def start_forkserver() -> Any:
+    """Start the forkserver (once a process; it then imports the package, ~0.3 s, while the
+    caller goes on) and return its context."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload([f"{__package__}._forkserver"])
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
@@ -67,7 +69,13 @@ def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ..
         forkserver.ensure_running()  # inherits the blocked signals (fork and exec keep them)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-    return WorkerPool(workers, ctx, initializer, initargs)
+    return ctx
+
+
+def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
+         ) -> ProcessPoolExecutor:
+    """A forkserver process pool whose workers ignore stop signals and die with this process."""
+    return WorkerPool(workers, start_forkserver(), initializer, initargs)
 
 
 def ignore_stop_signals() -> None:

@@ -25,8 +25,14 @@ from test_service import (
 pytestmark = pytest.mark.kafka
 service = test_service.service  # the fixture, found by pytest under its name here
 
-WORKERS = ("--workers", "2", "--batch-size", "300")
+# The deciding thread and two worker processes (--workers N analyses on N cores: N - 1
+# processes), so that a killed worker leaves another behind that must exit too.
+WORKERS = ("--workers", "3", "--batch-size", "300")
 GONE_WITHIN_S = 30.0  # measured: 0.2 s
+# Sample crawls in the topic (68 pages each): enough that pages are still left when the
+# workers are first seen busy, in the first run and in the next (the deciding thread
+# analyses too, and the processes start in the background).
+SEEDS = 120
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -84,7 +90,7 @@ def _busy(pid: int) -> bool:
 
 
 def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
-    t = _crash_topic(kafka_bootstrap, seeds=20)
+    t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
     rng = random.Random(1207)
     for round_ in range(2):
         svc = service(t, *WORKERS, log=f"run{round_}.log")
@@ -108,7 +114,7 @@ def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None
                          ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_stop_signal_to_the_group_while_workers_are_busy(
         kafka_bootstrap: str, service, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
-    t = _crash_topic(kafka_bootstrap, seeds=30)
+    t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
     rng = random.Random(1208 + sig)
     svc = service(t, *WORKERS, own_group=True)
     wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
@@ -134,7 +140,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_stop_still_exits(kafka_bootstra
     """The OOM killer takes one worker: the batch is decided in the parent, new workers
     serve the next batches, every record is decided, and SIGTERM exits 0 within seconds
     (the broken pool's other worker ignores the SIGTERM the pool ends it with)."""
-    t = _crash_topic(kafka_bootstrap, seeds=30)
+    t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
     svc = service(t, *WORKERS)
     wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
     victim = _workers(svc.proc.pid)[0]

@@ -19,7 +19,7 @@ from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.pipeline import AnalysisPool, Deduplicator
 from stream_dedup.sources.files import iter_inputs
 
 pytestmark = [
@@ -59,7 +59,8 @@ def digest(decisions: list[Decision]) -> str:
     return hashlib.sha256(lines.encode()).hexdigest()
 
 
-def decide_all(paths: list[Path], settings: Settings, batch: int) -> list[Decision]:
+def decide_all(paths: list[Path], settings: Settings, batch: int,
+               pool: AnalysisPool | None = None) -> list[Decision]:
     """Every item in batches of `batch`: the corpus, then the corpus again as new pages."""
     dd = Deduplicator(settings)
     first = list(iter_inputs(paths))
@@ -67,7 +68,7 @@ def decide_all(paths: list[Path], settings: Settings, batch: int) -> list[Decisi
     items = first + [replace(i, source=None) for i in first if isinstance(i, Page)]
     out: list[Decision] = []
     for i in range(0, len(items), batch):
-        out += dd.check_batch(items[i : i + batch])
+        out += dd.check_batch(items[i : i + batch], pool)
     dd.close()
     return out
 
@@ -84,6 +85,15 @@ def test_memory_index_gives_the_golden_decisions(paths: list[Path], name: str,
     decisions = decide_all(paths, Settings(**SETTINGS[name]), batch)
     assert len(decisions) > 600
     assert digest(decisions) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_an_analysis_pool_gives_the_golden_decisions(paths: list[Path], name: str) -> None:
+    """Pages analysed partly by worker processes, partly by the deciding thread."""
+    settings = Settings(**SETTINGS[name])
+    with AnalysisPool(settings, 2) as pool:
+        assert pool.wait_ready(60)
+        assert digest(decide_all(paths, settings, 500, pool)) == GOLDEN[name]
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))

@@ -117,7 +117,7 @@ def test_sample_crawl_gets_the_expected_decisions() -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batch_equals_one_by_one(workers: int) -> None:
-    from stream_dedup.pipeline import analysis_pool
+    from stream_dedup.pipeline import AnalysisPool
 
     pages = [Page(p.url, p.html.encode(), (("Content-Type", "text/html"),)) for p in build(seed=9)]
     pages.insert(5, pages[0])  # a raw duplicate inside one batch
@@ -126,13 +126,44 @@ def test_batch_equals_one_by_one(workers: int) -> None:
     single = Deduplicator()
     expected = [single.reject(i) if isinstance(i, Rejected) else single.check(i) for i in items]
     batched = Deduplicator()
-    pool = analysis_pool(batched.settings, workers) if workers else None
+    pool = AnalysisPool(batched.settings, workers) if workers else None
     try:
+        if pool is not None:
+            assert pool.wait_ready(60)  # else the calling thread would analyse everything
         got = batched.check_batch(items[:20], pool) + batched.check_batch(items[20:], pool)
     finally:
         if pool is not None:
             pool.shutdown()
     assert got == expected
+
+
+def test_check_batch_refuses_a_pool_that_is_not_an_analysis_pool() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    dedup = Deduplicator()
+    page = Page("http://a/", b"<p>hello</p>")
+    with ThreadPoolExecutor(2) as plain, pytest.raises(TypeError, match="AnalysisPool"):
+        dedup.check_batch([page], plain)  # type: ignore[arg-type]
+
+
+def test_check_batch_refuses_a_pool_built_with_other_settings() -> None:
+    from stream_dedup.pipeline import AnalysisPool
+
+    dedup = Deduplicator(Settings())
+    pool = AnalysisPool(Settings(shingle_words=5), 2)  # never started: no processes
+    with pytest.raises(ValueError, match="shingle_words"):
+        dedup.check_batch([Page("http://a/", b"<p>hello</p>")], pool)
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("workers", [1, 0, -2, 2.0, True])
+def test_an_analysis_pool_needs_two_workers_or_more(workers: object) -> None:
+    from stream_dedup.pipeline import AnalysisPool
+
+    with pytest.raises(ValueError, match="workers >= 2"):
+        AnalysisPool(Settings(), workers)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Settings"):
+        AnalysisPool({"shingle_words": 8}, 2)  # type: ignore[arg-type]
 
 
 def test_decision_json_is_one_line_with_the_schema() -> None:
@@ -220,3 +251,30 @@ def test_a_source_that_never_redelivers_is_never_answered_from_memory() -> None:
     again = dd.check_batch([page], redeliveries=False)[0]
     assert (first.decision, again.decision, again.reason) == ("keep", "drop", "exact")
     assert dd.snapshot()["redelivered"] == 0 and len(dd.index) == 1
+
+
+def test_a_killed_worker_breaks_one_batch_and_new_workers_serve_the_next() -> None:
+    import os
+    import signal
+    from concurrent.futures.process import BrokenProcessPool
+
+    from stream_dedup.pipeline import AnalysisPool, Analyzer
+
+    settings = Settings()
+    analyzer = Analyzer(settings)
+    pages = [Page(p.url, p.html.encode(), (("Content-Type", "text/html"),))
+             for p in build(seed=9)]
+    expected = [analyzer.analyze(p) for p in pages]
+    with AnalysisPool(settings, 2) as pool:
+        assert pool.wait_ready(60)
+        for pid in list(pool._executor._processes):  # type: ignore[union-attr]
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(BrokenProcessPool):
+            for _ in range(50):  # until the pool has noticed
+                pool.analyse(analyzer, pages)
+        assert not pool.ready
+        assert pool.wait_ready(60) and pool.starts == 2
+        got = pool.analyse(analyzer, pages)
+    strip = [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in got]
+    assert strip == [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in expected]
+    assert [a.page for a in got] == pages

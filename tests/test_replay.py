@@ -56,6 +56,47 @@ def test_workers_give_the_same_decisions(sample, tmp_path: Path) -> None:  # typ
     assert one == two
 
 
+def test_a_small_replay_starts_no_worker_process(sample, tmp_path: Path, monkeypatch,
+                                                 caplog) -> None:  # type: ignore[no-untyped-def]
+    from stream_dedup import analysis
+
+    started: list[int] = []
+    monkeypatch.setattr(analysis, "worker_pool", lambda *a: started.append(1))
+    warc, jsonl, _ = sample
+    with caplog.at_level("INFO", logger="stream_dedup"):
+        replay([warc, jsonl], MemorySink(), Settings(), workers=2)
+    assert started == []
+    assert "analysed in this process" in caplog.text
+
+
+def test_worker_processes_and_read_ahead_give_the_same_decisions(
+        sample, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The pool started before the first batch and used for every one (batches of 7, the
+    next read while one is decided): the decisions of one process, in the same order."""
+    from stream_dedup import analysis
+    from stream_dedup import replay as replay_module
+
+    warc, jsonl, _ = sample
+    settings = Settings(batch_size=7)
+    one = MemorySink()
+    replay([warc, jsonl], one, settings)
+    pools: list[analysis.AnalysisPool] = []
+
+    class Ready(analysis.AnalysisPool):
+        def start(self) -> None:
+            super().start()
+            if self not in pools:
+                pools.append(self)
+                assert self.wait_ready(60)
+
+    monkeypatch.setattr(replay_module, "AnalysisPool", Ready)
+    monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
+    two = MemorySink()
+    replay([warc, jsonl], two, settings, workers=2)
+    assert pools and pools[0].starts == 1
+    assert two.decisions == one.decisions and len(one.decisions) > 20
+
+
 def test_missing_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "nope.warc.gz"), "-o", str(tmp_path / "o")]) == 2
     assert "no such input file" in capsys.readouterr().err

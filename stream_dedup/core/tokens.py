@@ -24,9 +24,9 @@ runs where the kernel could not be built.
 from __future__ import annotations
 
 import sys
+import threading
 import unicodedata
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -56,9 +56,53 @@ _SOLO_RANGES = (
 )
 
 
-@lru_cache(maxsize=1)
+# The per-code-point tables, built once per process (~0.4 s together) or handed over by
+# another process of the same interpreter (`tables`, `adopt_tables`: an analysis worker gets
+# them from its parent instead of building them before its first page).
+_TABLES: dict[str, np.ndarray] = {}
+_BUILDING = threading.Lock()  # two threads asking at once build them once
+
+
 def char_classes() -> np.ndarray:
-    """SEP/WORD/SOLO for every code point (built once per process, ~0.3 s)."""
+    """SEP/WORD/SOLO for every code point (see `_char_classes`)."""
+    table = _TABLES.get("classes")
+    if table is None:
+        with _BUILDING:
+            table = _TABLES.get("classes")
+            if table is None:
+                table = _TABLES["classes"] = _char_classes()
+    return table
+
+
+def fold_table() -> tuple[np.ndarray, np.ndarray]:
+    """lower(NFKC(ch)) per code point and the multi-character mappings (see `_fold_table`)."""
+    if "fold" not in _TABLES:
+        with _BUILDING:
+            if "fold" not in _TABLES:
+                _TABLES["multi"] = (built := _fold_table())[1]
+                _TABLES["fold"] = built[0]
+    return _TABLES["fold"], _TABLES["multi"]
+
+
+def tables() -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(Unicode version, classes, fold, multi), built if not yet: for `adopt_tables`."""
+    fold, multi = fold_table()
+    return unicodedata.unidata_version, char_classes(), fold, multi
+
+
+def adopt_tables(version: str, classes: np.ndarray, fold: np.ndarray, multi: np.ndarray) -> bool:
+    """Use tables another process built with the same Unicode data (else build our own on
+    first use, and return False)."""
+    size = (sys.maxunicode + 1,)
+    if version != unicodedata.unidata_version or classes.shape != size or fold.shape != size:
+        return False
+    with _BUILDING:
+        _TABLES.update(classes=classes, fold=fold, multi=multi)
+    return True
+
+
+def _char_classes() -> np.ndarray:
+    """SEP/WORD/SOLO for every code point (~0.1 s)."""
     table = np.zeros(sys.maxunicode + 1, dtype=np.uint8)
     for cp in range(sys.maxunicode + 1):
         cat = unicodedata.category(chr(cp))
@@ -75,10 +119,8 @@ FOLD_MULTI = 0x80000000
 _SIGMA = "\u03a3"  # lower() of a capital sigma depends on what follows it (final sigma)
 
 
-@lru_cache(maxsize=1)
-def fold_table() -> tuple[np.ndarray, np.ndarray]:
-    """lower(NFKC(ch)) per code point, for the kernel to apply character by character (~0.3 s,
-    once per process).
+def _fold_table() -> tuple[np.ndarray, np.ndarray]:
+    """lower(NFKC(ch)) per code point, for the kernel to apply character by character (~0.3 s).
 
     That equals lower(NFKC(text)) as long as no character of the text interacts with its
     neighbours in NFKC or in lower(): those are FOLD_COMPLEX, and a text holding one is

@@ -121,6 +121,7 @@ class FileSource(PageRecords):
 
     redelivers = False
     live = False
+    reads_ahead = True
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]],
                  stats: SourceStats | None = None) -> None:

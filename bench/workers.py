@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""`replay --workers 2` against `--workers 1`, in one run: what a second core buys.
+
+Each round runs `python -m stream_dedup replay FILES --workers W -o /dev/null` as a fresh
+process for W = 1 and W = 2, alternating which goes first, on each input:
+- corpora: every WARC/ARC file of ../shared/corpora/warc, then the httpbis drafts (written
+  once to a temporary JSONL, raw bytes in `body_b64`);
+- synthetic: `benchlib.synthetic_pages(--pages)` (20 KB pages, 15 % near-duplicates), JSONL;
+- small: one WARC file (--small), the case that must not get slower with a pool.
+Two figures a run: `replay` = the replay call as the summary reports it (reading, deciding,
+writing, the analysis processes' start and stop: start-up of the pool included), and
+`process` = the whole command, interpreter start and imports included. Pages/s are from the
+median of --rounds; the 2/1 ratio is the ratio of the medians (the per-round ratios' median
+is printed too).
+
+Bounds, measured in this process:
+- decide ceiling: pages/s of `Deduplicator.check_batch` (batches of 500) when every analysis
+  is precomputed (an AnalysisPool whose `analyse` looks them up): the ordered, single-threaded
+  part, which bounds what any number of analysis processes can reach;
+- replay ceiling: the same replay (runner, reading, writing) with analysis free;
+- host: two CPU-bound processes against one (2.0 on two free cores): on a shared machine
+  the most that any second process can add at the time of the run.
+
+    python bench/workers.py                     # 5 rounds, 10,000 synthetic pages (~4 min)
+    python bench/workers.py --rounds 3 --pages 4000 --inputs corpora,small
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import benchlib
+from benchlib import REPO, header, table
+
+from stream_dedup.analysis import AnalysisPool, Analyzer
+from stream_dedup.config import Settings
+from stream_dedup.decide import Analysis
+from stream_dedup.models import Page
+from stream_dedup.pipeline import Deduplicator, raw_fingerprint
+from stream_dedup.replay import replay
+from stream_dedup.sinks import JsonlSink
+from stream_dedup.sources.files import iter_inputs
+
+SMALL_DEFAULT = "copycat/commoncrawl-small-sample-1213893279526_0.arc"
+
+
+def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
+    with open(path, "w") as fh:
+        for p in pages:
+            fh.write(json.dumps({"url": p.url, "body_b64": base64.b64encode(p.body).decode(),
+                                 "headers": [list(h) for h in p.headers]}) + "\n")
+    return path
+
+
+def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO
+               ) -> tuple[float, float, int]:
+    """(replay seconds from the summary, whole process seconds, pages) of the package in
+    `code` (a checkout)."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as summary:
+        cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
+               str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
+               "--summary-json", summary.name]
+        env = dict(os.environ, PYTHONPATH=str(code))
+        started = time.perf_counter()
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - started
+        s = json.loads(Path(summary.name).read_text())
+    return s["seconds"], wall, s["pages"]
+
+
+class Precomputed(AnalysisPool):
+    """Analysis for free: every page's analysis computed beforehand, looked up by body."""
+
+    def __init__(self, settings: Settings, analyses: dict[int, Analysis]) -> None:
+        super().__init__(settings, 2)
+        self.analyses = analyses
+
+    def start(self) -> None:  # no processes
+        pass
+
+    def analyse(self, analyzer: Analyzer, pages: list[Page]) -> list[Analysis]:
+        return [self.analyses[raw_fingerprint(p.body)] for p in pages]
+
+
+def precompute(settings: Settings, files: Sequence[Path]) -> tuple[list[Page], Precomputed]:
+    pages = [p for p in iter_inputs(files) if isinstance(p, Page)]
+    analyzer = Analyzer(settings)
+    return pages, Precomputed(settings, {raw_fingerprint(p.body): analyzer.analyze(p)
+                                         for p in pages})
+
+
+def decide_ceiling(settings: Settings, pages: list[Page], free: Precomputed,
+                   batch: int) -> float:
+    """Pages/s of check_batch when analysis costs nothing (best of 3)."""
+    best = float("inf")
+    for _ in range(3):
+        dedup = Deduplicator(settings)
+        started = time.perf_counter()
+        for i in range(0, len(pages), batch):
+            dedup.check_batch(pages[i:i + batch], free)
+        best = min(best, time.perf_counter() - started)
+        dedup.close()
+    return len(pages) / best
+
+
+def replay_ceiling(settings: Settings, files: Sequence[Path], free: Precomputed) -> float:
+    """Pages/s of the replay call (runner, reading, writing) when analysis costs nothing."""
+    import stream_dedup.replay as replay_module
+
+    best = float("inf")
+    pages = 0
+    made = replay_module.AnalysisPool
+    replay_module.AnalysisPool = lambda s, w: free  # type: ignore[assignment,misc,return-value]
+    try:
+        for _ in range(3):
+            started = time.perf_counter()
+            pages = replay(list(files), JsonlSink(os.devnull), settings, workers=2).pages
+            best = min(best, time.perf_counter() - started)
+    finally:
+        replay_module.AnalysisPool = made  # type: ignore[misc]
+    return pages / best
+
+
+def median_ratio(one: list[float], two: list[float]) -> float:
+    return statistics.median(a / b for a, b in zip(one, two, strict=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pages", type=int, default=10_000, help="synthetic pages")
+    ap.add_argument("--inputs", default="corpora,synthetic,small")
+    ap.add_argument("--small", default=SMALL_DEFAULT, help="one file under corpora/warc")
+    ap.add_argument("--batch-size", type=int, default=Settings().batch_size)
+    ap.add_argument("--before", type=Path, metavar="CHECKOUT",
+                    help="also time this checkout (its extension built in place), same rounds")
+    args = ap.parse_args()
+    print(header("## --workers 2 against --workers 1 (bench/workers.py)"))
+    tmp = Path(tempfile.mkdtemp(prefix="workers-bench-"))
+    inputs: dict[str, list[Path]] = {}
+    wanted = args.inputs.split(",")
+    if "corpora" in wanted:
+        httpbis = write_jsonl(benchlib.load_httpbis_pages(), tmp / "httpbis.jsonl")
+        inputs["corpora"] = [*benchlib.warc_files(), httpbis]
+    if "synthetic" in wanted:
+        inputs["synthetic"] = [write_jsonl(benchlib.synthetic_pages(args.pages),
+                                           tmp / "synthetic.jsonl")]
+    if "small" in wanted:
+        inputs["small"] = [benchlib.WARCS / args.small]
+    one, two = parallel_ceiling()
+    print(f"host: one CPU-bound process {one:.2f} s; two at once do {two:.2f}x the work of "
+          f"one (2.00 on two free cores)\n")
+
+    codes = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
+    got: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {}
+    for r in range(args.rounds):
+        for name, files in inputs.items():
+            for code, path in codes.items():
+                for w in ((1, 2) if r % 2 == 0 else (2, 1)):
+                    got.setdefault((name, code, w), []).append(
+                        run_replay(files, w, args.batch_size, path))
+        print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    rows = []
+    for name in inputs:
+        for code in codes:
+            runs1, runs2 = got[(name, code, 1)], got[(name, code, 2)]
+            pages = runs1[0][2]
+            for k, label in ((0, "replay"), (1, "process")):
+                s1 = [x[k] for x in runs1]
+                s2 = [x[k] for x in runs2]
+                m1, m2 = statistics.median(s1), statistics.median(s2)
+                rows.append([name, code, label, pages, m1, m2, pages / m1, pages / m2, m1 / m2,
+                             median_ratio(s1, s2), f"{min(s2):.2f}-{max(s2):.2f}"])
+    print(table(["input", "code", "timed", "pages", "s w=1", "s w=2", "pages/s w=1",
+                 "pages/s w=2", "2/1 (medians)", "2/1 (rounds)", "w=2 range s"], rows))
+    print()
+
+    s = Settings()
+    ceil_rows = []
+    for name, files in inputs.items():
+        if name == "small":
+            continue
+        pages, free = precompute(s, files)
+        ceil_rows.append([name, len(pages), decide_ceiling(s, pages, free, args.batch_size),
+                          replay_ceiling(s, files, free)])
+    print(table(["input", "pages", "decide ceiling pages/s", "replay ceiling pages/s"],
+                ceil_rows))
+    print("\n(ceilings: analysis precomputed; `decide` = check_batch alone, `replay` = the "
+          "same replay call with reading and writing)")
+
+
+def _spin(n: int) -> float:
+    started = time.perf_counter()
+    x = 0
+    for i in range(n):
+        x += i * i
+    return time.perf_counter() - started
+
+
+def parallel_ceiling(n: int = 8_000_000) -> tuple[float, float]:
+    """(one process's seconds, work of two at once relative to one)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(2, mp_context=ctx) as pool:
+        list(pool.map(_spin, [1000, 1000]))
+        one = min(_spin(n) for _ in range(2))
+        both = max(pool.map(_spin, [n, n]))
+    return one, 2 * one / both
+
+
+if __name__ == "__main__":
+    main()

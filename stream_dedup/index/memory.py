@@ -243,22 +243,22 @@ class _Bytes:
 
 
 # A DocArena row's fixed part: one structured value, read in one step.
-_ROW = np.dtype([("raw_fp", "<u8"), ("canonical_fp", "<u8"), ("id_high", "<u8"),
-                 ("id_low", "<u8"), ("text_length", "<u4"), ("sig_end", "<u4"),
-                 ("url_end", "<u4"), ("sketched", "?")])
+_ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
+                 ("sig_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
 
 
 class DocArena:
     """Kept pages' records as columns, not objects: per page, its sketch (4 bytes a
-    min-hash), a fixed row (fingerprints, id, text length, where its LD signature and URL
-    end), and its LD signature and URL end to end in byte arenas. A StoredDoc per page
-    cost ~1.1 KB of Python objects (bench/memory.py); a row here costs its data and 41
+    min-hash), its two fingerprints, a fixed row (id, text length, where its LD signature
+    and URL end), and its LD signature and URL end to end in byte arenas. A StoredDoc per
+    page cost ~1.1 KB of Python objects (bench/memory.py); a row here costs its data and 45
     bytes. Reading a row builds its StoredDoc (what verification reads; the page's
     features live in the index, not here)."""
 
     def __init__(self) -> None:
         self._sketch: _Column | None = None  # made with the first sketch: its width
         self._rows = _Column(_ROW)
+        self._fps = _Column(np.uint64, 2)  # raw, canonical: the exact layers read them most
         self._signatures = _Bytes()
         self._urls = _Bytes()
 
@@ -284,9 +284,8 @@ class DocArena:
         rows["sig_end"] = self._signatures.extend(first, [d.ld_signature for d in docs])
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
                                                     for d in docs])
+        self._fps.extend(np.array([(d.raw_fp, d.canonical_fp) for d in docs], np.uint64))
         for name, values in (
-                ("raw_fp", [d.raw_fp for d in docs]),
-                ("canonical_fp", [d.canonical_fp for d in docs]),
                 ("id_high", [d.page_id >> 64 for d in docs]),
                 ("id_low", [d.page_id & 0xFFFFFFFFFFFFFFFF for d in docs]),
                 ("text_length", [d.text_length for d in docs]),
@@ -296,15 +295,15 @@ class DocArena:
 
     def fingerprint(self, row: int, layer: int) -> int:
         """The row's RAW or CANONICAL fingerprint."""
-        return int(self._rows[row][layer])
+        return int(self._fps.chunks[row >> _SHIFT][row & _AT, layer])
 
     def __getitem__(self, row: int) -> StoredDoc:
         if not 0 <= row < len(self):
             raise IndexError(row)
         chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
-        raw_fp, canonical_fp, high, low, text_length, sig_end, url_end, sketched = (
-            chunk[at].item())
-        sig_start, url_start = chunk[at - 1].item()[5:7] if at else (0, 0)
+        high, low, text_length, sig_end, url_end, sketched = chunk[at].item()
+        sig_start, url_start = chunk[at - 1].item()[3:5] if at else (0, 0)
+        raw_fp, canonical_fp = self._fps.chunks[row >> _SHIFT][at].tolist()
         sketch = _NO_SKETCH
         if sketched:
             assert self._sketch is not None
@@ -317,7 +316,7 @@ class DocArena:
     def nbytes(self) -> dict[str, int]:
         """Bytes held per part (written rows: a chunk's unwritten rows are not resident)."""
         return {"sketch": self._sketch.nbytes if self._sketch else 0,
-                "fixed": self._rows.nbytes, "ld_signature": self._signatures.nbytes,
+                "fixed": self._rows.nbytes + self._fps.nbytes, "ld_signature": self._signatures.nbytes,
                 "url": self._urls.nbytes}
 
 

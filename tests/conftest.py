@@ -69,6 +69,16 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                              timeout=120)
 
 
+@pytest.fixture(scope="session")
+def redis_single_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """redis://127.0.0.1:PORT, one Redis that is not a cluster (the index must work on it
+    too: its scripts then run on the one node)."""
+    yield from _deploy_local("redis-local", "a single Redis", tmp_path_factory.mktemp("redis1"),
+                             {"REDIS_LOCAL_PORT": str(free_redis_ports(1)),
+                              "REDIS_LOCAL_MODE": "single", "REDIS_LOCAL_REPLICAS": "0"},
+                             timeout=120)
+
+
 @pytest.fixture
 def redis_with_replicas(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A Redis Cluster of 3 masters and 3 replicas of the test's own (it kills a master):

@@ -29,13 +29,14 @@ def _doc(
     )
 
 
-@pytest.fixture(params=[*sorted(SUPPORTED_INDEXES), "redis"])
+@pytest.fixture(params=[*sorted(SUPPORTED_INDEXES), "redis", "redis-single"])
 def make_index(request: pytest.FixtureRequest, tmp_path: Path):  # type: ignore[no-untyped-def]
     opened: list[FeatureIndex] = []
 
     def make(cap: int = 64) -> FeatureIndex:
-        if request.param == "redis":  # a 3-master Redis Cluster (deploy/redis-local)
-            url = request.getfixturevalue("redis_url")
+        if request.param.startswith("redis"):  # a 3-master Redis Cluster, or one Redis
+            url = request.getfixturevalue(
+                "redis_url" if request.param == "redis" else "redis_single_url")
             flush_redis(url)
             index: FeatureIndex = RedisIndex(url, 1234, cap)
         else:

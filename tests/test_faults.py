@@ -18,8 +18,11 @@ from opskit import wait_for
 from test_service import (
     _crash_topic,
     _every_page_decided_once_at_least,
+    build,
     committed_and_end,
     decisions_of,
+    kcat_produce,
+    page_message,
 )
 
 pytestmark = pytest.mark.kafka
@@ -145,6 +148,12 @@ def test_a_worker_killed_mid_run_is_replaced_and_stop_still_exits(kafka_bootstra
     wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
     victim = _workers(svc.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
+    # More pages after the kill, so that a batch meets the broken pool even when the first
+    # ones were all analysed before it (the deciding thread analyses too: CI saw that once).
+    first = {p.url for seed in range(30, 30 + SEEDS) for p in build(seed=seed)}
+    more = {p.url: p for seed in range(1000, 1010) for p in build(seed=seed)
+            if p.url not in first}
+    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in more.values()])
     wait_for("new workers", lambda: _workers(svc.proc.pid)
              and victim not in _workers(svc.proc.pid) and "starting new workers" in svc.text())
     _every_page_decided_once_at_least(kafka_bootstrap, t)

@@ -92,12 +92,48 @@ def _busy(pid: int) -> bool:
     return any((_stat(w) or ["S"])[0] == "R" for w in _workers(pid))
 
 
+class _Feed:
+    """More pages for a topic made by _crash_topic, on demand, none with a URL it has."""
+
+    def __init__(self, bootstrap: str, t: dict[str, str]) -> None:
+        self.bootstrap, self.t = bootstrap, t
+        self.urls = {p.url for seed in range(30, 30 + SEEDS) for p in build(seed=seed)}
+        self.seed = 1000
+
+    def more(self, seeds: int = 10) -> None:
+        pages = {}
+        for seed in range(self.seed, self.seed + seeds):
+            for p in build(seed=seed):
+                if p.url not in self.urls:
+                    self.urls.add(p.url)
+                    pages[p.url] = p
+        self.seed += seeds
+        kcat_produce(self.bootstrap, self.t["input"], [page_message(p) for p in pages.values()])
+
+
+def _until_busy(pid: int, feed: _Feed, timeout: float = 120.0) -> None:
+    """Wait until a worker of `pid` is seen running; while none is, more pages every few
+    seconds (the deciding thread analyses too, and may finish the topic before the
+    processes are up: CI saw it)."""
+    deadline = time.monotonic() + timeout
+    fed = time.monotonic()
+    while time.monotonic() < deadline:
+        if _busy(pid):
+            return
+        if time.monotonic() - fed > 3.0:
+            feed.more()
+            fed = time.monotonic()
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for busy workers")
+
+
 def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
+    feed = _Feed(kafka_bootstrap, t)
     rng = random.Random(1207)
     for round_ in range(2):
         svc = service(t, *WORKERS, log=f"run{round_}.log")
-        wait_for("busy workers", lambda s=svc: _busy(s.proc.pid), timeout=120)
+        _until_busy(svc.proc.pid, feed)
         time.sleep(rng.uniform(0.0, 1.0))
         tree = [i for i in map(_identity, _tree(svc.proc.pid)) if i is not None]
         # serve, the resource tracker, the forkserver and two workers
@@ -118,9 +154,10 @@ def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None
 def test_stop_signal_to_the_group_while_workers_are_busy(
         kafka_bootstrap: str, service, sig: signal.Signals) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
+    feed = _Feed(kafka_bootstrap, t)
     rng = random.Random(1208 + sig)
     svc = service(t, *WORKERS, own_group=True)
-    wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
+    _until_busy(svc.proc.pid, feed)
     time.sleep(rng.uniform(0.0, 0.5))
     os.killpg(svc.proc.pid, sig)
     assert svc.wait(timeout=90) == 0
@@ -144,16 +181,14 @@ def test_a_worker_killed_mid_run_is_replaced_and_stop_still_exits(kafka_bootstra
     serve the next batches, every record is decided, and SIGTERM exits 0 within seconds
     (the broken pool's other worker ignores the SIGTERM the pool ends it with)."""
     t = _crash_topic(kafka_bootstrap, seeds=SEEDS)
+    feed = _Feed(kafka_bootstrap, t)
     svc = service(t, *WORKERS)
-    wait_for("busy workers", lambda: _busy(svc.proc.pid), timeout=120)
+    _until_busy(svc.proc.pid, feed)
     victim = _workers(svc.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
     # More pages after the kill, so that a batch meets the broken pool even when the first
     # ones were all analysed before it (the deciding thread analyses too: CI saw that once).
-    first = {p.url for seed in range(30, 30 + SEEDS) for p in build(seed=seed)}
-    more = {p.url: p for seed in range(1000, 1010) for p in build(seed=seed)
-            if p.url not in first}
-    kcat_produce(kafka_bootstrap, t["input"], [page_message(p) for p in more.values()])
+    feed.more()
     wait_for("new workers", lambda: _workers(svc.proc.pid)
              and victim not in _workers(svc.proc.pid) and "starting new workers" in svc.text())
     _every_page_decided_once_at_least(kafka_bootstrap, t)

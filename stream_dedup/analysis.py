@@ -211,8 +211,11 @@ class AnalysisPool:
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
                 ready.result()
         except Exception:
-            log.exception("the analysis worker processes did not start; analysing in the "
-                          "deciding thread")
+            log.exception("the analysis worker processes did not start (one killed while "
+                          "starting?); analysing in the deciding thread, trying again with "
+                          "the next batch")
+            with self._lock:
+                self._starting = None  # a later start() tries again
             return
         with self._lock:
             if self._closed:

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import test_service
-from opskit import wait_for
 from test_service import (
     _crash_topic,
     _every_page_decided_once_at_least,
@@ -186,11 +185,22 @@ def test_a_worker_killed_mid_run_is_replaced_and_stop_still_exits(kafka_bootstra
     _until_busy(svc.proc.pid, feed)
     victim = _workers(svc.proc.pid)[0]
     os.kill(victim, signal.SIGKILL)
-    # More pages after the kill, so that a batch meets the broken pool even when the first
-    # ones were all analysed before it (the deciding thread analyses too: CI saw that once).
-    feed.more()
-    wait_for("new workers", lambda: _workers(svc.proc.pid)
-             and victim not in _workers(svc.proc.pid) and "starting new workers" in svc.text())
+    # More pages after the kill, every few seconds until new workers are seen, so that a
+    # batch meets the broken pool even when the pages already there were all analysed
+    # before it (the deciding thread analyses too: CI saw that).
+    def replaced() -> bool:
+        now = _workers(svc.proc.pid)
+        # (killed while the pool was starting, it is started again with a later batch)
+        return bool(now) and victim not in now
+
+    deadline = time.monotonic() + 120
+    while not replaced():
+        assert time.monotonic() < deadline, "timed out waiting for new workers"
+        feed.more()
+        for _ in range(60):
+            if replaced():
+                break
+            time.sleep(0.05)
     _every_page_decided_once_at_least(kafka_bootstrap, t)
     started = time.monotonic()
     assert svc.stop(timeout=30) == 0

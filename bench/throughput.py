@@ -75,6 +75,7 @@ from typing import Any, BinaryIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from benchlib import parallel_ceiling
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
@@ -561,27 +562,6 @@ def cpu_since(start: tuple[int, int, int] | None) -> CpuUse | None:
                   100 * cpus * (end[1] - start[1]) / total)
 
 
-def _spin(n: int) -> float:
-    started = time.perf_counter()
-    x = 0
-    for i in range(n):
-        x += i * i
-    return time.perf_counter() - started
-
-
-def parallel_ceiling(n: int = 8_000_000) -> tuple[float, float]:
-    """How much two CPU-bound processes get done together vs one alone: (one process's
-    seconds, throughput of two at once relative to one; 2.0 on two free cores). On a shared
-    or throttled VM this is the ceiling for any workers=2 speedup."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(2, mp_context=ctx) as pool:
-        list(pool.map(_spin, [1000, 1000]))  # both workers up before the clock matters
-        one = min(_spin(n) for _ in range(2))
-        both = max(pool.map(_spin, [n, n]))
-    return one, 2 * one / both
 
 
 # --- output -----------------------------------------------------------------------------------

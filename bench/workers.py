@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import benchlib
-from benchlib import REPO, header, table
+from benchlib import REPO, header, parallel_ceiling, table
 
 from stream_dedup.analysis import AnalysisPool, Analyzer
 from stream_dedup.config import Settings
@@ -199,25 +199,6 @@ def main() -> None:
           "same replay call with reading and writing)")
 
 
-def _spin(n: int) -> float:
-    started = time.perf_counter()
-    x = 0
-    for i in range(n):
-        x += i * i
-    return time.perf_counter() - started
-
-
-def parallel_ceiling(n: int = 8_000_000) -> tuple[float, float]:
-    """(one process's seconds, work of two at once relative to one)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(2, mp_context=ctx) as pool:
-        list(pool.map(_spin, [1000, 1000]))
-        one = min(_spin(n) for _ in range(2))
-        both = max(pool.map(_spin, [n, n]))
-    return one, 2 * one / both
 
 
 if __name__ == "__main__":

@@ -316,8 +316,8 @@ class DocArena:
     def nbytes(self) -> dict[str, int]:
         """Bytes held per part (written rows: a chunk's unwritten rows are not resident)."""
         return {"sketch": self._sketch.nbytes if self._sketch else 0,
-                "fixed": self._rows.nbytes + self._fps.nbytes, "ld_signature": self._signatures.nbytes,
-                "url": self._urls.nbytes}
+                "fixed": self._rows.nbytes + self._fps.nbytes,
+                "ld_signature": self._signatures.nbytes, "url": self._urls.nbytes}
 
 
 class MemoryIndex(LocalIndex):

@@ -202,6 +202,7 @@ class AnalysisPool:
 
     def _start(self) -> None:
         started = perf_counter()
+        executor = None
         try:
             start_forkserver()  # it imports the package while this thread builds the tables
             # The parent's tables go along (it needs them too): a worker that built its own
@@ -214,6 +215,8 @@ class AnalysisPool:
             log.exception("the analysis worker processes did not start (one killed while "
                           "starting?); analysing in the deciding thread, trying again with "
                           "the next batch")
+            if executor is not None:  # its other processes exit now, not at garbage collection
+                executor.shutdown(wait=False, cancel_futures=True)
             with self._lock:
                 self._starting = None  # a later start() tries again
             return

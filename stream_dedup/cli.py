@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import logging
+import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -205,6 +207,9 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # `kill -USR1 <pid>`: every thread's stack on stderr, the process goes on (where is a
+    # stuck run waiting?)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def _serve(args: argparse.Namespace) -> int:

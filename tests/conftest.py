@@ -10,7 +10,9 @@ A broker or cluster that cannot be started is an error, not a skip.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +92,24 @@ def redis_with_replicas(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                             timeout=180)
     yield next(started), directory
     next(started, None)  # stop it
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[pytest.TestReport]:
+    """A failing test that started services (`item.services`, filled by the `service`
+    fixture) shows each one's log tail, after SIGUSR1 has made a running one write its
+    threads' stacks there: CI keeps nothing else of a failed run."""
+    report = yield
+    services = getattr(item, "services", []) if report.failed else []
+    running = [svc for svc in services if svc.proc.poll() is None]
+    for svc in running:
+        os.kill(svc.proc.pid, signal.SIGUSR1)
+    if running:
+        time.sleep(1.0)
+    for svc in services:
+        if svc.log.exists():
+            tail = svc.log.read_text(errors="replace").splitlines()[-150:]
+            report.sections.append((f"last lines of {svc.log.name}", "\n".join(tail)))
+    return report
+

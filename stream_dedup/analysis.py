@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from time import perf_counter
@@ -37,8 +37,8 @@ from .core.tokens import Tokens, adopt_tables, tables
 from .decide import Analysis
 from .errors import PageError
 from .models import Page
+from .workers import WorkerPool, start_forkserver
 from .workers import pool as worker_pool
-from .workers import start_forkserver
 
 log = logging.getLogger("stream_dedup")
 
@@ -185,7 +185,7 @@ class AnalysisPool:
         self.processes = workers - 1
         self._lock = threading.Lock()
         self._starting: threading.Thread | None = None
-        self._executor: ProcessPoolExecutor | None = None
+        self._executor: WorkerPool | None = None
         self._ready = threading.Event()
         self._closed = False
         self.starts = 0  # process pools started (1 + replacements of broken ones)
@@ -210,7 +210,7 @@ class AnalysisPool:
             executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
             # In the background: the first start of a forkserver imports the package there.
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
-                ready.result()
+                executor.result(ready)
         except Exception:
             log.exception("the analysis worker processes did not start (one killed while "
                           "starting?); analysing in the deciding thread, trying again with "
@@ -257,7 +257,7 @@ class AnalysisPool:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _broken(self, executor: ProcessPoolExecutor) -> None:
+    def _broken(self, executor: WorkerPool) -> None:
         """Forget a broken process pool; the next batch starts new processes."""
         with self._lock:
             if self._executor is executor:
@@ -286,7 +286,7 @@ class AnalysisPool:
             while low < high:
                 for k, f in list(running.items()):
                     if f.done():
-                        done[k] = self._stripped(tasks[k], f)
+                        done[k] = self._stripped(tasks[k], f.result())
                         del running[k]
                 while len(running) < depth and high > low:
                     high -= 1
@@ -297,7 +297,7 @@ class AnalysisPool:
                     here += 1
             waiting = perf_counter()
             for k, f in running.items():
-                done[k] = self._stripped(tasks[k], f)
+                done[k] = self._stripped(tasks[k], executor.result(f))
         except BrokenProcessPool:
             self._broken(executor)
             raise
@@ -308,6 +308,6 @@ class AnalysisPool:
         return [a for task in done if task is not None for a in task]
 
     @staticmethod
-    def _stripped(task: list[Page], f: Future[list[Analysis]]) -> list[Analysis]:
+    def _stripped(task: list[Page], analyses: list[Analysis]) -> list[Analysis]:
         """A worker's analyses, each given back its page (the worker sends none)."""
-        return [replace(a, page=p) for p, a in zip(task, f.result(), strict=True)]
+        return [replace(a, page=p) for p, a in zip(task, analyses, strict=True)]

@@ -30,19 +30,32 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+POLL_S = 0.2  # how often a wait for a result looks at the workers
+LOST_GRACE_S = 2.0  # a worker gone this long with the result still missing: the pool is broken
+T = TypeVar("T")
 
 
 class WorkerPool(ProcessPoolExecutor):
     """A process pool that owns the write end of its workers' `alive` pipe: closing it at
     shutdown makes every worker exit, also one the pool would wait for in vain (a pool
-    broken by a worker's death ends the others with SIGTERM, which they ignore)."""
+    broken by a worker's death ends the others with SIGTERM, which they ignore).
+
+    A worker killed while it writes a result leaves half a message in the result pipe:
+    the pool's manager thread then waits for the rest forever, never looks at its workers
+    again, and the task's future never ends (Python 3.11; a stress test here hung within a
+    minute). So waiting goes through `result()`, which watches the workers itself, and
+    shutdown also closes this process's copy of the result pipe's write end: once the
+    workers have exited, the stuck reader gets EOF and the pool ends as broken."""
 
     def __init__(self, workers: int, ctx: Any, initializer: Callable[..., None],
                  initargs: tuple[Any, ...]) -> None:
@@ -50,11 +63,31 @@ class WorkerPool(ProcessPoolExecutor):
         super().__init__(workers, mp_context=ctx, initializer=_init,
                          initargs=(alive, initializer, initargs))
 
+    def lost_a_worker(self) -> bool:
+        return any(p.exitcode is not None for p in list(self._processes.values()))
+
+    def result(self, f: Future[T]) -> T:
+        """`f.result()`, or BrokenProcessPool once a worker has been gone for LOST_GRACE_S
+        and `f` is still not done (the pool itself would normally have said so by then)."""
+        lost_at = None
+        while True:
+            try:
+                return f.result(timeout=POLL_S)
+            except FutureTimeout:
+                pass
+            if lost_at is None:
+                lost_at = time.monotonic() if self.lost_a_worker() else None
+            elif time.monotonic() - lost_at > LOST_GRACE_S:
+                raise BrokenProcessPool("a worker process died and its pool did not see it "
+                                        "(killed while sending a result)")
+
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         # A second super().shutdown() would not wait: the first forgets the manager thread.
-        manager = self._executor_manager_thread
-        super().shutdown(wait=False, cancel_futures=cancel_futures)
+        manager, results = self._executor_manager_thread, self._result_queue
+        super().shutdown(wait=False, cancel_futures=cancel_futures)  # forgets both
         self._alive.close()  # idempotent; every worker sees EOF and exits
+        if results is not None:
+            results._writer.close()  # (see the class) this process never writes to it
         if wait and manager is not None:
             manager.join()
 
@@ -73,7 +106,7 @@ def start_forkserver() -> Any:
 
 
 def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
-         ) -> ProcessPoolExecutor:
+         ) -> WorkerPool:
     """A forkserver process pool whose workers ignore stop signals and die with this process."""
     return WorkerPool(workers, start_forkserver(), initializer, initargs)
 

@@ -278,3 +278,55 @@ def test_a_killed_worker_breaks_one_batch_and_new_workers_serve_the_next() -> No
     strip = [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in got]
     assert strip == [(a.raw_fp, a.canonical_fp, a.ld_signature, a.error) for a in expected]
     assert [a.page for a in got] == pages
+
+
+def _nothing() -> None:
+    """A worker initializer that does nothing."""
+
+
+def _die_halfway_through_a_result() -> None:
+    """In a pool's worker: write the first bytes of a result message, then die, as a worker
+    the OOM killer takes while it sends a result."""
+    import os
+    import signal
+    import struct
+    import sys
+
+    frame = sys._getframe()
+    while frame.f_code.co_name != "_process_worker":
+        frame = frame.f_back  # type: ignore[assignment]
+    writer = frame.f_locals["result_queue"]._writer
+    os.write(writer.fileno(), struct.pack("!i", 1000) + b"half")  # 1,000 bytes promised
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_worker_killed_halfway_through_sending_a_result_breaks_the_pool_not_the_caller(
+        ) -> None:
+    """Python's pool then waits for the rest of the message forever and never says it is
+    broken (CI hung on it): the caller's wait must say so, and shutdown must end."""
+    import threading
+    import time
+    from concurrent.futures.process import BrokenProcessPool
+
+    from stream_dedup.workers import pool
+
+    outcome: list[object] = []
+
+    def run() -> None:
+        p = pool(2, _nothing)
+        try:
+            started = time.monotonic()
+            try:
+                p.result(p.submit(_die_halfway_through_a_result))
+            except BrokenProcessPool as exc:
+                outcome.append((exc, time.monotonic() - started))
+        finally:
+            p.shutdown(wait=True)  # its manager thread was stuck reading the half message
+        outcome.append("shut down")
+
+    waiter = threading.Thread(target=run, daemon=True)
+    waiter.start()
+    waiter.join(60)
+    assert not waiter.is_alive(), f"still waiting after 60 s: {outcome}"
+    (exc, seconds), end = outcome
+    assert isinstance(exc, BrokenProcessPool) and seconds < 10 and end == "shut down"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from indexkit import candidates, first_with, keep
 
-from stream_dedup import Settings
+from stream_dedup import Page, Settings
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
@@ -135,3 +135,22 @@ def test_warm_from_is_refused_for_an_index_it_does_not_fill(index: str, tmp_path
                         redis_url="redis://127.0.0.1:1")
     with pytest.raises(ConfigError, match=f"does not apply to {index}"):
         index_for(settings)
+
+
+def test_warm_from_fills_the_memory_index_a_run_decides_against(tmp_path: Path) -> None:
+    """`--warm-from DIR` through Settings (what replay and serve do): the pages the LSM
+    index holds are there, so they come back as exact copies (a refactor once left the
+    memory index empty, silently)."""
+    from stream_dedup.sample import build
+
+    pages = [Page(p.url, p.html.encode()) for p in build(seed=3)]
+    lsm = Deduplicator(Settings(index="lsm", index_path=str(tmp_path / "i")))
+    kept = [d.url for d in lsm.check_batch(pages) if d.decision == "keep"]
+    lsm.commit()
+    lsm.close()
+    warm = Deduplicator(Settings(warm_from=str(tmp_path / "i")))
+    assert len(warm.index) == len(kept) > 0
+    again = warm.check_batch(pages)
+    assert {d.decision for d in again} == {"drop"}
+    assert {d.reason for d in again if d.url in kept} == {"exact"}
+    warm.close()

@@ -33,17 +33,15 @@ SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = 
 def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     """The index `settings` ask for: memory (started from an LSM snapshot with warm_from),
     LSM, or Redis (`observe(operation, seconds, failed)` hears its round trips)."""
+    from ..errors import ConfigError
+
     s = settings
-    if s.warm_from:
-        if s.index != "memory":
-            from ..errors import ConfigError
-
-            raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
     if s.index_path and s.index != "lsm":
-        from ..errors import ConfigError
-
         raise ConfigError(f"--index-path is where an LSM index lives; it does not apply to "
                           f"{s.index} (add --index lsm to remember the pages there)")
+    if s.warm_from:
+        if s.index != "memory":
+            raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
         from .lsm import LsmIndex
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)

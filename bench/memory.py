@@ -161,9 +161,11 @@ def record_breakdown(docs: list[StoredDoc], sample: int = 10_000) -> dict[str, t
             for k, v in parts.items()}
 
 
-def child_memory(n: int, batch: int, dup_share: float, floor: float) -> dict[str, Any]:
+def child_memory(n: int, batch: int, dup_share: float, floor: float, records: str,
+                 tmp: str | None) -> dict[str, Any]:
     gen = Pages(20261124, dup_share)
-    index = MemoryIndex(Settings().params.stamp, Settings().max_posting)
+    index = MemoryIndex(Settings().params.stamp, Settings().max_posting,
+                        (tmp or "") if records == "disk" else None)
     gc.collect()
     _trim()
     before = proc_status()
@@ -191,16 +193,22 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float) -> dict[str
     trimmed = proc_status()
     stats = index.stats()
     columns = isinstance(index._docs, DocArena)  # else a list of StoredDoc objects (before)
+    t0 = perf()
+    reads = [index.doc(row) for row in gen.rng.integers(0, reached, 20_000).tolist()]
+    read_us = (perf() - t0) / len(reads) * 1e6
     return {
         "pages": reached,
+        "records": records,
+        "read_us": read_us,
+        "record_file_bytes": index.stats()["doc_file_bytes"],
         "seconds": spent,
         "candidates_found": found,
         "feature_bytes": index._features.nbytes(),
         "exact_bytes": sum(m.nbytes() for m in index._exact),
         "docs_list_bytes": 0 if columns else sys.getsizeof(index._docs),
         "doc_store_nbytes": stats["doc_store_bytes"],
-        "records": ({f"records as columns: {part}": (b / reached, b / reached)
-                     for part, b in index._docs.nbytes.items()} if columns
+        "parts": ({f"records as columns: {part}": (b / reached, b / reached)
+                     for part, b in index._docs.nbytes.items() if part != "on_disk"} if columns
                     else record_breakdown(index._docs)),
         "rss_delta": after["VmRSS"] - before["VmRSS"],
         "rss_trimmed": trimmed["VmRSS"] - before["VmRSS"],
@@ -249,12 +257,14 @@ def memory_tables(results: list[dict[str, Any]]) -> str:
     rows = []
     for r in results:
         n = r["pages"]
-        rows.append([f"{n:,}", n / r["seconds"], r["rss_delta"] / n, r["rss_trimmed"] / n,
-                     r["peak_delta"] / 2**20, (r["feature_bytes"] + r["exact_bytes"]) / n,
-                     r["doc_store_nbytes"] / n])
-    out = table(["pages held", "pages/s (lookup + claim + commit)", "RSS Δ B/page",
-                 "… after malloc_trim", "peak RSS Δ MiB", "index structures B/page",
-                 "MemoryIndex doc_store_bytes B/page"], rows) + "\n\n"
+        rows.append([f"{n:,}", r["records"], n / r["seconds"], r["rss_delta"] / n,
+                     r["rss_trimmed"] / n, r["peak_delta"] / 2**20,
+                     (r["feature_bytes"] + r["exact_bytes"]) / n, r["doc_store_nbytes"] / n,
+                     r["record_file_bytes"] / n, r["read_us"]])
+    out = table(["pages held", "--memory-records", "pages/s (lookup + claim + commit)",
+                 "RSS Δ B/page", "… after malloc_trim", "peak RSS Δ MiB",
+                 "index structures B/page", "records in RAM B/page", "record file B/page",
+                 "µs a record read (20,000 random)"], rows) + "\n\n"
     for r in results:
         n = r["pages"]
         parts: list[list[object]] = [
@@ -263,13 +273,14 @@ def memory_tables(results: list[dict[str, Any]]) -> str:
             ["exact layers, raw + canonical (nbytes)", r["exact_bytes"] / n, r["exact_bytes"] / n],
             ["_docs list (pointer array)", r["docs_list_bytes"] / n, r["docs_list_bytes"] / n],
         ]
-        parts += [[k, a, b] for k, (a, b) in r["records"].items()]
+        parts += [[k, a, b] for k, (a, b) in r["parts"].items()]
         total = sum(float(p[1]) for p in parts)  # type: ignore[arg-type]
         total_r = sum(float(p[2]) for p in parts)  # type: ignore[arg-type]
         parts.append(["**sum of the parts**", total, total_r])
         parts.append(["RSS Δ (after malloc_trim) minus the sum", r["rss_trimmed"] / n - total,
                       r["rss_trimmed"] / n - total_r])
-        out += f"Breakdown at {n:,} pages (B/page; records: mean over 10,000 sampled):\n\n"
+        out += (f"Breakdown at {n:,} pages, --memory-records {r['records']} (B/page of "
+                f"RAM):\n\n")
         out += table(["part", "sys.getsizeof / nbytes", "with allocator rounding"], parts)
         out += "\n\n"
     return out
@@ -282,15 +293,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lsm-pages", type=int, default=1_000_000, help="0: no LSM run")
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--dup-share", type=float, default=0.2)
-    ap.add_argument("--tmp", default=None, help="where the LSM directory goes")
+    ap.add_argument("--records", nargs="+", default=["disk", "ram"], choices=["disk", "ram"],
+                    help="where the memory index keeps what verification reads (both)")
+    ap.add_argument("--tmp", default=None, help="where the LSM directory and the memory "
+                    "index's record file go")
     ap.add_argument("--min-available-gib", type=float, default=1.5,
                     help="a memory child stops when MemAvailable falls below this (1.5)")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         kind, n = args.child[0], int(args.child[1])
-        r = (child_memory(n, args.batch, args.dup_share, args.min_available_gib * 2**30)
-             if kind == "memory"
+        r = (child_memory(n, args.batch, args.dup_share, args.min_available_gib * 2**30,
+                          kind.split(":")[1], args.tmp)
+             if kind.startswith("memory")
              else child_lsm(n, args.batch, args.dup_share, args.tmp))
         print(json.dumps(r))
         return 0
@@ -299,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
               "--min-available-gib", str(args.min_available_gib)]
     results: list[dict[str, Any]] = []
     notes = []
-    for n in sorted(args.pages):
+    for n, records in [(n, r) for n in sorted(args.pages) for r in args.records]:
         if results:  # what the smaller run says this one needs; the child's floor guards
             per_page = results[-1]["peak_delta"] / results[-1]["pages"]
             room = mem_available() - args.min_available_gib * 2**30
@@ -310,14 +325,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"{per_page * n / 2**30:.1f} GiB: expected to stop at the "
                     f"{args.min_available_gib} GiB floor near {room / per_page:,.0f} pages")
         t0 = time.perf_counter()
-        r = run_child(["--child", "memory", str(n), *common])
+        r = run_child(["--child", f"memory:{records}", str(n), *common]
+                      + (["--tmp", args.tmp] if args.tmp else []))
         if isinstance(r, str):
             notes.append(f"{n:,} pages: {r}")
             continue
         if r["pages"] < n:
             notes.append(f"{n:,} pages: stopped at {r['pages']:,} (MemAvailable < "
                          f"{args.min_available_gib} GiB)")
-        notes.append(f"{r['pages']:,} pages: child ran {time.perf_counter() - t0:.0f} s wall")
+        notes.append(f"{r['pages']:,} pages, {records}: child ran "
+                     f"{time.perf_counter() - t0:.0f} s wall")
         results.append(r)
     print("## MemoryIndex (the default index): process RSS per page held\n")
     print(memory_tables(results))

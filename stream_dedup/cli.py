@@ -133,6 +133,11 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "comma-separated, so a start does not depend on one node", "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),
+        Flag("memory_records", "memory index: where what only verification reads (sketch, "
+             "LD signature: ~640 B a kept page) lives: disk (an unlinked temporary file; "
+             "~190 B a page of RAM) or ram (~830 B a page)", choices=["disk", "ram"]),
+        Flag("memory_records_dir", "memory index: the directory of that file (default: "
+             "the system's temporary directory, $TMPDIR)", "DIR"),
         Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
              "running (0 = never)", "DAYS"),
     ],

@@ -73,6 +73,11 @@ class Settings:
     index_path: str = ""  # the LSM directory (required with index = "lsm")
     redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
+    # memory index: where what only verification reads (sketch, LD signature: ~640 bytes a
+    # kept page) lives: "disk", an unlinked temporary file in memory_records_dir ("": the
+    # system's temporary directory), leaving ~190 bytes a page of RAM; or "ram" (~830)
+    memory_records: str = "disk"
+    memory_records_dir: str = ""
     retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
@@ -107,6 +112,8 @@ class Settings:
             raise ConfigError("max_page_bytes must be >= 1")
         if self.index not in ("memory", "lsm", "redis"):
             raise ConfigError(f"index must be memory, lsm or redis, got {self.index!r}")
+        if self.memory_records not in ("disk", "ram"):
+            raise ConfigError(f"memory_records must be disk or ram, got {self.memory_records!r}")
         if self.index == "redis" and not self.redis_url:
             raise ConfigError("--index redis needs --redis-url redis://HOST:PORT (any node "
                               "of the cluster)")

@@ -1,13 +1,20 @@
 """The memory index's records as columns (DocArena): every field of every row comes back
 as it went in, across chunk boundaries, for short pages without a sketch, 98-bit ids and
-URLs that are not valid UTF-8."""
+URLs that are not valid UTF-8; with the sketches and signatures in RAM or in the record
+file (across its buffer flushes, and after a write that failed)."""
 
 from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stream_dedup.index import memory
+from stream_dedup import Settings
+from stream_dedup.errors import ConfigError, IndexStoreError
+from stream_dedup.index import index_for, memory
 from stream_dedup.index.base import StoredDoc
 from stream_dedup.index.memory import DocArena
 
@@ -27,12 +34,15 @@ def _same(got: StoredDoc, want: StoredDoc) -> bool:
             and got.page_id == want.page_id)
 
 
-def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "file"])
+def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path, on_disk: bool) -> None:
     monkeypatch.setattr(memory, "_SHIFT", 4)
     monkeypatch.setattr(memory, "_CHUNK", 16)
     monkeypatch.setattr(memory, "_AT", 15)
+    monkeypatch.setattr(memory._RecordFile, "FLUSH_BYTES", 3000)  # rows in file and buffer
     docs = [_doc(i) for i in range(100)]
-    arena = DocArena()
+    arena = DocArena(str(tmp_path) if on_disk else None)
     for start, end in ((0, 1), (1, 15), (15, 16), (16, 50), (50, 50), (50, 100)):
         arena.extend(docs[start:end])  # short pages (i % 5 == 0) first: no sketch yet
     assert len(arena) == 100
@@ -42,6 +52,57 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch)
     assert arena.nbytes["url"] == sum(len(d.url.encode("utf-8", "surrogatepass")) for d in docs)
     with pytest.raises(IndexError):
         arena[100]
+    if on_disk:
+        assert 0 < arena._file._written < arena.nbytes["on_disk"]  # some rows still buffered
+        assert arena.nbytes["sketch"] == arena.nbytes["ld_signature"] == 0
+        assert arena.nbytes["on_disk"] == sum(4 * d.sketch.shape[0] + len(d.ld_signature)
+                                              for d in docs)
+        assert list(tmp_path.iterdir()) == []  # unlinked from the start: nothing left behind
+    arena.close()
+
+
+def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path) -> None:
+    """The disk full while flushing: that batch raises and is not added; the rows before it
+    (some only in the buffer) still read back, and the next batch, once there is room,
+    lands where it belongs."""
+    monkeypatch.setattr(memory._RecordFile, "FLUSH_BYTES", 2000)
+    docs = [_doc(i) for i in range(1, 60)]
+    arena = DocArena(str(tmp_path))
+    arena.extend(docs[:20])
+    real = os.pwrite
+
+    def full(fd: int, data: memoryview, offset: int) -> int:
+        if len(data) > 100:  # writes half, then finds the disk full
+            return real(fd, data[:100], offset)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(memory.os, "pwrite", full)
+    with pytest.raises(IndexStoreError, match="No space left.*--memory-records-dir"):
+        for start in range(20, 60, 10):
+            arena.extend(docs[start:start + 10])
+    held = len(arena)
+    assert 20 <= held < 59
+    monkeypatch.setattr(memory.os, "pwrite", real)
+    arena.extend(docs[held:])
+    assert len(arena) == 59 and all(_same(arena[i], docs[i]) for i in range(59))
+    arena.close()
+
+
+def test_where_the_records_go_is_a_setting(tmp_path: Path) -> None:
+    ram = index_for(Settings(memory_records="ram"))
+    assert ram._docs._file is None
+    ram.close()
+    disk = index_for(Settings(memory_records_dir=str(tmp_path)))
+    assert disk._docs._file is not None and disk._docs._file._where == str(tmp_path)
+    disk.close()
+    with pytest.raises(IndexStoreError, match="--memory-records ram"):
+        index_for(Settings(memory_records_dir=str(tmp_path / "missing")))
+    with pytest.raises(ConfigError, match="does not apply to lsm"):
+        index_for(Settings(index="lsm", index_path=str(tmp_path / "i"),
+                           memory_records_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match="disk or ram"):
+        Settings(memory_records="ssd")
 
 
 def test_a_sketch_of_another_width_is_refused() -> None:

@@ -39,6 +39,10 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     if s.index_path and s.index != "lsm":
         raise ConfigError(f"--index-path is where an LSM index lives; it does not apply to "
                           f"{s.index} (add --index lsm to remember the pages there)")
+    if s.memory_records_dir and s.index != "memory":
+        raise ConfigError(f"--memory-records-dir is where the memory index keeps its records; "
+                          f"it does not apply to {s.index}")
+    records_dir = s.memory_records_dir if s.memory_records == "disk" else None
     if s.warm_from:
         if s.index != "memory":
             raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
@@ -46,9 +50,11 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)
         try:
-            return MemoryIndex.warm_from(snapshot)
+            return MemoryIndex.warm_from(snapshot, records_dir)
         finally:
             snapshot.close()
+    if s.index == "memory":
+        return MemoryIndex(s.params.stamp, s.max_posting, records_dir)
     if s.index == "redis":
         from .redis import RedisIndex
 

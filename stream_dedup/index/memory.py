@@ -14,18 +14,24 @@ page, and sampled verification compares full sketches. For the exact layers, whe
 drops a page unverified, every hit is confirmed against the full 64-bit fingerprint in the
 page's document record. 6 features + 2 fingerprints = 64 bytes a page.
 
-The document records (what verification reads) are columns too (DocArena): the sketch, a
-fixed row and two byte arenas, ~620 bytes a typical page instead of ~1.1 KB of objects.
+The document records are columns too (DocArena): a fixed row, the fingerprints and the URL
+in RAM (~130 bytes a page), and what only verification reads, the sketch and the LD
+signature (~640 bytes), in an unlinked temporary file by default (read back with one pread
+per candidate verified, a few per page that has candidates; `memory_records = "ram"` keeps
+them in RAM instead).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import IndexMismatchError
+from ..errors import IndexMismatchError, IndexStoreError
 from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
 
 try:
@@ -242,25 +248,91 @@ class _Bytes:
         return sum(len(c) for c in self.chunks)
 
 
+class _RecordFile:
+    """Byte strings of any length end to end in a temporary file, unlinked from the start
+    (nothing is left behind, also after a crash; its pages are the kernel's page cache, not
+    this process's memory). Appends gather in a buffer of up to FLUSH_BYTES; a read is one
+    pread, or a slice of the buffer. Where each row ends: a column in RAM (8 bytes a row)."""
+
+    FLUSH_BYTES = 1 << 20
+
+    def __init__(self, directory: str) -> None:
+        where = directory or tempfile.gettempdir()
+        try:
+            self._file = tempfile.TemporaryFile(dir=where, prefix="stream-dedup-records-",
+                                                buffering=0)
+        except OSError as exc:
+            raise IndexStoreError(
+                f"cannot make the memory index's record file in {where}: {exc} (choose "
+                f"another directory with --memory-records-dir, or --memory-records ram)"
+            ) from exc
+        self._fd = self._file.fileno()
+        # An index nobody closes (a library user's) closes its file when it is collected.
+        self.close = weakref.finalize(self, self._file.close)
+        self._where = where
+        self._written = 0  # bytes in the file; the buffer continues from there
+        self._buffer = bytearray()
+        self.ends = _Column(np.uint64)
+
+    def extend(self, values: Sequence[bytes]) -> None:
+        """Append one value per row; all or nothing (a full disk raises, nothing added)."""
+        size = sum(len(v) for v in values)
+        if self._buffer and len(self._buffer) + size > self.FLUSH_BYTES:
+            self.flush()
+        start = self._written + len(self._buffer)
+        ends = np.cumsum(np.fromiter((len(v) for v in values), np.uint64, len(values)))
+        self._buffer += b"".join(values)
+        self.ends.extend(ends + np.uint64(start))
+
+    def flush(self) -> None:
+        done = 0
+        try:
+            while done < len(self._buffer):
+                done += os.pwrite(self._fd, self._buffer[done:] if done else self._buffer,
+                                  self._written + done)
+        except OSError as exc:
+            raise IndexStoreError(
+                f"cannot write the memory index's record file in {self._where}: {exc} "
+                f"(free space there, choose another directory with --memory-records-dir, "
+                f"or keep the records in RAM with --memory-records ram)") from exc
+        finally:
+            self._written += done
+            del self._buffer[:done]
+
+    def get(self, row: int) -> bytes:
+        start = int(self.ends[row - 1]) if row else 0
+        end = int(self.ends[row])
+        if start >= self._written:
+            return bytes(self._buffer[start - self._written : end - self._written])
+        return os.pread(self._fd, end - start, start)
+
+    @property
+    def nbytes(self) -> int:
+        return self._written + len(self._buffer)
+
+
 # A DocArena row's fixed part: one structured value, read in one step.
 _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
                  ("sig_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
 
 
 class DocArena:
-    """Kept pages' records as columns, not objects: per page, its sketch (4 bytes a
-    min-hash), its two fingerprints, a fixed row (id, text length, where its LD signature
-    and URL end), and its LD signature and URL end to end in byte arenas. A StoredDoc per
-    page cost ~1.1 KB of Python objects (bench/memory.py); a row here costs its data and 45
-    bytes. Reading a row builds its StoredDoc (what verification reads; the page's
-    features live in the index, not here)."""
+    """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
+    row (id, text length, where its URL ends) and its URL in RAM; its sketch (4 bytes a
+    min-hash) and LD signature, which only verification reads, in a _RecordFile on disk
+    (`records_dir`: where; None: in RAM, the sketch a column, the signatures end to end in
+    a byte arena). A StoredDoc per page cost ~1.1 KB of Python objects (bench/memory.py).
+    Reading a row builds its StoredDoc (what verification reads; the page's features live
+    in the index, not here)."""
 
-    def __init__(self) -> None:
+    def __init__(self, records_dir: str | None = None) -> None:
         self._sketch: _Column | None = None  # made with the first sketch: its width
         self._rows = _Column(_ROW)
         self._fps = _Column(np.uint64, 2)  # raw, canonical: the exact layers read them most
         self._signatures = _Bytes()
         self._urls = _Bytes()
+        self._file = None if records_dir is None else _RecordFile(records_dir)
+        self._width = 0  # min-hashes a sketch (in the file: the sketch, then the signature)
 
     def __len__(self) -> int:
         return self._rows.rows
@@ -270,18 +342,25 @@ class DocArena:
             return
         first = len(self)
         widths = {d.sketch.shape[0] for d in docs} - {0}
-        if self._sketch is None and widths:
-            self._sketch = _Column(np.uint32, min(widths))
-            self._sketch.extend(np.zeros((first, self._sketch.width), np.uint32))
-        if self._sketch is not None:
-            if widths - {self._sketch.width}:
-                raise ValueError(f"sketches of {sorted(widths)} values in an index of "
-                                 f"{self._sketch.width}")
-            blank = np.zeros(self._sketch.width, np.uint32)
-            self._sketch.extend(np.stack([d.sketch if d.sketch.shape[0] else blank
-                                          for d in docs]))
+        if not self._width and widths:
+            self._width = min(widths)
+        if widths - {self._width}:
+            raise ValueError(f"sketches of {sorted(widths)} values in an index of "
+                             f"{self._width}")
         rows = np.empty(len(docs), _ROW)
-        rows["sig_end"] = self._signatures.extend(first, [d.ld_signature for d in docs])
+        if self._file is not None:  # first: a write that fails leaves the arena as it was
+            self._file.extend([d.sketch.astype("<u4").tobytes() + d.ld_signature
+                               for d in docs])
+            rows["sig_end"] = 0
+        else:
+            if self._sketch is None and widths:
+                self._sketch = _Column(np.uint32, self._width)
+                self._sketch.extend(np.zeros((first, self._width), np.uint32))
+            if self._sketch is not None:
+                blank = np.zeros(self._width, np.uint32)
+                self._sketch.extend(np.stack([d.sketch if d.sketch.shape[0] else blank
+                                              for d in docs]))
+            rows["sig_end"] = self._signatures.extend(first, [d.ld_signature for d in docs])
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
                                                     for d in docs])
         self._fps.extend(np.array([(d.raw_fp, d.canonical_fp) for d in docs], np.uint64))
@@ -305,32 +384,50 @@ class DocArena:
         sig_start, url_start = chunk[at - 1].item()[3:5] if at else (0, 0)
         raw_fp, canonical_fp = self._fps.chunks[row >> _SHIFT][at].tolist()
         sketch = _NO_SKETCH
-        if sketched:
-            assert self._sketch is not None
-            sketch = self._sketch[row]
+        if self._file is not None:
+            record = self._file.get(row)
+            split = 4 * self._width if sketched else 0
+            if sketched:
+                sketch = np.frombuffer(record, "<u4", self._width).astype(np.uint32)
+            signature = record[split:]
+        else:
+            if sketched:
+                assert self._sketch is not None
+                sketch = self._sketch[row]
+            signature = self._signatures.get(row, sig_start, sig_end)
         url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
-        return StoredDoc(url, _NO_FEATURES, sketch, self._signatures.get(row, sig_start, sig_end),
-                         text_length, raw_fp, canonical_fp, None, high << 64 | low)
+        return StoredDoc(url, _NO_FEATURES, sketch, signature, text_length, raw_fp,
+                         canonical_fp, None, high << 64 | low)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
 
     @property
     def nbytes(self) -> dict[str, int]:
-        """Bytes held per part (written rows: a chunk's unwritten rows are not resident)."""
+        """Bytes of RAM held per part (written rows: a chunk's unwritten rows are not
+        resident), and `on_disk`: the record file's."""
+        spill = self._file
         return {"sketch": self._sketch.nbytes if self._sketch else 0,
-                "fixed": self._rows.nbytes + self._fps.nbytes,
-                "ld_signature": self._signatures.nbytes, "url": self._urls.nbytes}
+                "fixed": self._rows.nbytes + self._fps.nbytes + (spill.ends.nbytes if spill
+                                                                  else 0),
+                "ld_signature": self._signatures.nbytes, "url": self._urls.nbytes,
+                "on_disk": spill.nbytes if spill else 0}
 
 
 class MemoryIndex(LocalIndex):
-    """The default backend. Holds everything in this process; gone when it exits."""
+    """The default backend. Holds everything in this process, and what only verification
+    reads in an unlinked temporary file in `records_dir` ("": the system's temporary
+    directory; None: in RAM too); gone when it exits."""
 
-    def __init__(self, stamp: int, max_posting: int = 64) -> None:
+    def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "") -> None:
         self.stamp = stamp
         self.cap = max_posting
         self._next_local = 0
         self._features = SortedRunMultimap(cap=max_posting, keep="last")
         # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
         self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
-        self._docs = DocArena()
+        self._docs = DocArena(records_dir)
         self._offsets: dict[str, int] = {}
 
     def check_stamp(self, stamp: int) -> None:
@@ -391,12 +488,12 @@ class MemoryIndex(LocalIndex):
         return None
 
     def close(self) -> None:
-        pass
+        self._docs.close()
 
     @classmethod
-    def warm_from(cls, lsm: LsmIndex) -> MemoryIndex:
+    def warm_from(cls, lsm: LsmIndex, records_dir: str | None = "") -> MemoryIndex:
         """A memory index holding every committed page of an LSM index (same rows)."""
-        index = cls(lsm.stamp, lsm.max_posting)
+        index = cls(lsm.stamp, lsm.max_posting, records_dir)
         for row, doc in lsm.stored_docs():
             if len(index._docs) < row:  # rows of expired pages stay unused
                 index._docs.extend([_GONE] * (row - len(index._docs)))
@@ -413,5 +510,6 @@ class MemoryIndex(LocalIndex):
             "feature_entries": len(self._features),
             "index_bytes": index_bytes,
             "index_bytes_per_page": index_bytes / pages if pages else 0.0,
-            "doc_store_bytes": sum(self._docs.nbytes.values()),
+            "doc_store_bytes": sum(v for k, v in self._docs.nbytes.items() if k != "on_disk"),
+            "doc_file_bytes": self._docs.nbytes["on_disk"],
         }

@@ -62,6 +62,10 @@ class WorkerPool(ProcessPoolExecutor):
         alive, self._alive = multiprocessing.Pipe(duplex=False)
         super().__init__(workers, mp_context=ctx, initializer=_init,
                          initargs=(alive, initializer, initargs))
+        # Every worker now. Left to itself the pool starts one more only when a task comes
+        # while none is idle (and counts every finished task as an idle worker), so it could
+        # run a while on fewer processes than it was given (a test saw one of two).
+        self._launch_processes()
 
     def lost_a_worker(self) -> bool:
         return any(p.exitcode is not None for p in list(self._processes.values()))

@@ -330,3 +330,17 @@ def test_a_worker_killed_halfway_through_sending_a_result_breaks_the_pool_not_th
     assert not waiter.is_alive(), f"still waiting after 60 s: {outcome}"
     (exc, seconds), end = outcome
     assert isinstance(exc, BrokenProcessPool) and seconds < 10 and end == "shut down"
+
+
+def test_a_worker_pool_starts_every_process_it_is_given() -> None:
+    """Not one per task submitted while none is idle (Python's way with a forkserver): that
+    ran a while on fewer processes than `--workers` asked for."""
+    from stream_dedup.workers import pool
+
+    p = pool(3, _nothing)
+    try:
+        assert len(p._processes) == 3
+        for f in [p.submit(_nothing) for _ in range(3)]:  # started before they are stopped
+            p.result(f)
+    finally:
+        p.shutdown(wait=True)

@@ -30,8 +30,12 @@ A memory child stops early, and the table says at how many pages, when /proc/mem
 MemAvailable falls below --min-available-gib (1.5): on a shared 24 GB machine 10M pages
 of today's records may not fit (a note says what the smaller run extrapolates to).
 
+Each memory size runs twice: `--memory-records disk` (the default: sketches and LD
+signatures in the record file) and `ram`; the table also gives the file's bytes a page and
+the time of a record read (20,000 at random, after the run).
+
     python bench/memory.py                           # memory 1M and 10M, LSM 1M
-    python bench/memory.py --pages 1000000 --lsm-pages 100000
+    python bench/memory.py --pages 1000000 --lsm-pages 100000 --records disk
 """
 
 from __future__ import annotations

@@ -112,6 +112,9 @@ class Metrics:
                                     "held by the index", registry=r)
         self.index_bytes_per_page = Gauge("stream_dedup_index_bytes_per_page", "Feature index "
                                           "bytes per page held", registry=r)
+        self.index_record_file = Gauge("stream_dedup_index_record_file_bytes", "Memory index: "
+                                       "bytes of its record file (what only verification "
+                                       "reads, on disk; --memory-records disk)", registry=r)
         # --- verification ----------------------------------------------------------------
         self.verify = Counter("stream_dedup_verify", "Near-duplicate candidates by what "
                               "verification did: confirmed (dropped), overturned (kept as "
@@ -254,6 +257,7 @@ class Metrics:
         self.index_stats = stats
         self.index_features.set(stats.get("feature_entries", 0))
         self.index_bytes_per_page.set(stats.get("index_bytes_per_page", 0.0))
+        self.index_record_file.set(stats.get("doc_file_bytes", 0))
 
     # --- delivery (runner, replay) ----------------------------------------------------------
     def decided(self, items: Iterable[Page | Rejected], received: float, done: float, *,

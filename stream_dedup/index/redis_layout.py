@@ -88,20 +88,22 @@ while i <= n do
       redis.call('EXPIREAT', key, at, 'NX')
       redis.call('EXPIREAT', key, at, 'GT')
     end
-    local read
-    if newest(key) then
-      read = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
-                        nf + (mine[key] or 1))
-    else
-      read = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0,
-                        nx + (mine[key] or 1))
-    end
-    for _, q in ipairs(read) do
-      if not ours[q] then
-        out[#out + 1] = page
-        out[#out + 1] = j - i - 2
-        out[#out + 1] = read
-        break
+    if redis.call('ZCARD', key) > 1 then  -- else it holds only this page
+      local read
+      if newest(key) then
+        read = redis.call('ZRANGE', key, '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0,
+                          nf + (mine[key] or 1))
+      else
+        read = redis.call('ZRANGE', key, '-inf', '+inf', 'BYSCORE', 'LIMIT', 0,
+                          nx + (mine[key] or 1))
+      end
+      for _, q in ipairs(read) do
+        if not ours[q] then
+          out[#out + 1] = page
+          out[#out + 1] = j - i - 2
+          out[#out + 1] = read
+          break
+        end
       end
     end
   end
@@ -144,12 +146,14 @@ _REGISTER = _FLAGS + _LUA_NOW + """
 local pending = 'P' .. tostring(now + tonumber(ARGV[1]))
 local out = {}
 for i = 2, #ARGV, 2 do
-  local key = ARGV[i]
-  local s = redis.call('HGET', key, 's')
+  local key, s = ARGV[i], false
+  if redis.call('HSETNX', key, 's', pending) == 0 then  -- (1: it was absent, now PENDING)
+    s = redis.call('HGET', key, 's')
+  end
   if s and string.sub(s, 1, 1) ~= 'P' then
     out[#out + 1] = {s, redis.call('HGET', key, 'j')}
   else
-    redis.call('HSET', key, 's', pending)
+    if s then redis.call('HSET', key, 's', pending) end
     if ARGV[i + 1] ~= '0' then redis.call('EXPIREAT', key, ARGV[i + 1]) end
     out[#out + 1] = {s or '', false}
   end
@@ -186,16 +190,21 @@ _FINISH = _FLAGS + _LUA_NOW + """
 local out = {}
 for i = 1, #ARGV, 4 do
   local key = ARGV[i]
-  local s = redis.call('HGET', key, 's')
+  local sf = redis.call('HMGET', key, 's', 'f')
+  local s = sf[1]
   if not s or string.sub(s, 1, 1) ~= 'P' then
     out[#out + 1] = s or ''
   elseif tonumber(string.sub(s, 2)) < now then
     out[#out + 1] = 'late'
-  elseif redis.call('HDEL', key, 'f') == 1 then
+  elseif sf[2] then
+    redis.call('HDEL', key, 'f')
     out[#out + 1] = 'flagged'
   else
-    redis.call('HSET', key, 's', ARGV[i + 1], 'j', ARGV[i + 2])
-    if ARGV[i + 3] ~= '' then redis.call('HSET', key, 'd', ARGV[i + 3]) end
+    if ARGV[i + 3] == '' then
+      redis.call('HSET', key, 's', ARGV[i + 1], 'j', ARGV[i + 2])
+    else
+      redis.call('HSET', key, 's', ARGV[i + 1], 'j', ARGV[i + 2], 'd', ARGV[i + 3])
+    end
     out[#out + 1] = 'ok'
   end
 end

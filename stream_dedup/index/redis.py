@@ -150,25 +150,31 @@ class RedisIndex:
         # A page decided before (delivered again) neither joins nor reads: it has its answer.
         joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
                          if prior is None for key in page_keys) if register else {}
-        members = self._read(probes, keys, shards, priors, joined if register else None)
+        members, hit = self._read(probes, keys, shards, priors, joined if register else None)
         mine = {p.page_id for p in probes}
         # Every page of another batch seen, with the smallest page of this batch that saw it.
         seen: dict[int, int] = {}
-        for p, sets, prior in zip(probes, members, priors, strict=True):
-            if prior is None:
+        for p, sets, prior, any_read in zip(probes, members, priors, hit, strict=True):
+            if prior is None and any_read:
                 for ids in sets:
                     for q in ids:
                         if q not in mine:
                             seen[q] = min(seen.get(q, p.page_id), p.page_id)
         states = self._peek(seen, flag=register)
         if register:
-            self._sweep(keys, members, states, mine)
+            self._sweep([k for k, h in zip(keys, hit, strict=True) if h],
+                        [m for m, h in zip(members, hit, strict=True) if h], states, mine)
         out: list[Answer] = []
         need: dict[int, None] = {}
         waiting = set()
-        for p, page_keys, sets, prior in zip(probes, keys, members, priors, strict=True):
+        for p, page_keys, sets, prior, any_read in zip(probes, keys, members, priors, hit,
+                                                       strict=True):
             if prior is not None:
                 out.append(Answer(None, None, [], {}, prior=prior))
+                continue
+            if not any_read:  # every key new, or holding only pages of this batch
+                features = len(page_keys) - (1 if p.canonical_fp is None else 2)
+                out.append(Answer(None, None, [[] for _ in range(features)], {}))
                 continue
             older_pending = any(states.get(q) == "P" and q < p.page_id
                                 for ids in sets for q in ids if q not in mine)
@@ -282,18 +288,22 @@ class RedisIndex:
         return [decode_decision(record) if record else None for _, record in found]
 
     def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
-              priors: list[Any], joined: Mapping[bytes, int] | None) -> list[list[list[int]]]:
+              priors: list[Any], joined: Mapping[bytes, int] | None
+              ) -> tuple[list[list[list[int]]], list[bool]]:
         """Each key's members, oldest first: exact layers their first few, features their
         most recent `cap`, plus slack for pending and dropped ones. With `joined` (the
         batch's own members per key), each page first joins its keys, in the same script
         call (so of two pages sharing a key, the later call sees the other), and the window
         has room for the batch's members (they would push stored ones out of it); then a
         key that holds only pages of this batch reads as empty. The lists are not to be
-        changed (keys read as empty share one)."""
+        changed (keys read as empty share one). Also, per page, whether any of its keys read
+        as other than empty (False: none did)."""
         nodes = self._shard_nodes()
         items: list[tuple[Any, bytes, Sequence[Any], int]] = []
-        order: list[tuple[list[int], list[int]]] = []  # per item: its page's sets, key indexes
+        # per item: its page's sets, the keys' indexes, the page's index
+        order: list[tuple[list[list[int]], list[int], int]] = []
         out: list[list[list[int]]] = []
+        hit = [joined is None] * len(probes)
         for p, page_keys, page_shards, prior in zip(probes, keys, shards, priors, strict=True):
             sets: list[list[int]] = [_EMPTY] * len(page_keys)
             out.append(sets)
@@ -302,7 +312,7 @@ class RedisIndex:
             if joined is None:
                 for k, (key, shard) in enumerate(zip(page_keys, page_shards, strict=True)):
                     items.append((nodes[shard], key, (key,), 1))
-                    order.append((sets, [k]))
+                    order.append((sets, [k], len(out) - 1))
                 continue
             # A page's keys on one node go in one item: its member and expiry once.
             by_node: dict[Any, list[int]] = {}
@@ -312,7 +322,7 @@ class RedisIndex:
             for node, ks in by_node.items():
                 node_keys = [page_keys[k] for k in ks]
                 items.append((node, node_keys[0], (member, at, len(ks), *node_keys), len(ks)))
-                order.append((sets, ks))
+                order.append((sets, ks, len(out) - 1))
         if joined is None:
             header: Any = (self.cap + _READ_SLACK, _READ_SLACK)
         else:  # keys more than one page of the batch joins, per node
@@ -326,16 +336,17 @@ class RedisIndex:
         if joined is None:
             with self._call("read"):
                 replies = iter(self._rounds(("read", items, header))[0])
-            for sets, ks in order:
+            for sets, ks, _ in order:
                 for k in ks:
                     sets[k] = sorted(map(int.from_bytes, next(replies)))
         else:
             with self._call("join"):
                 found = self._rounds(("join", items, header))[0]
             for i, k, ids in found:
-                sets, ks = order[i]
+                sets, ks, page = order[i]
                 sets[ks[k - 1]] = sorted(map(int.from_bytes, ids))
-        return out
+                hit[page] = True
+        return out, hit
 
     def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
         states = {q: self._final[q] for q in seen if q in self._final}

@@ -33,6 +33,7 @@ STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 # are not kept: only the keys need them, and a dropped page's keys come from its probe)
 _DOC_HEAD = struct.Struct("<QQIHI")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
+_JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps builds one per call)
 
 # Every script works on many keys of ONE node: a round of the protocol is one pipelined
 # call per node (not per key, nor per hash tag). A cluster lets a script declare keys of
@@ -282,9 +283,9 @@ def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
 def encode_decision(d: Decision) -> bytes:
     """What a re-delivery needs to get the same decision (its url and source are its own)."""
     dup = d.duplicate_of
-    return json.dumps([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
-                       d.shared_features, d.resemblance, d.ld_estimate, d.verified, d.short],
-                      separators=(",", ":")).encode()
+    return _JSON.encode([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
+                         d.shared_features, d.resemblance, d.ld_estimate, d.verified,
+                         d.short]).encode()
 
 
 def decode_decision(raw: bytes) -> Decision:

@@ -58,7 +58,7 @@ from .redis_layout import (
     encode_decision,
     encode_doc,
     id_bytes,
-    probe_keys,
+    probe_shards,
     record_key,
     set_key,
 )
@@ -70,6 +70,15 @@ WAIT_S = 30.0  # how long a page waits for an older one another instance is deci
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 _CALL_KEYS = 2_000  # keys per script call at most (a call holds its node while it runs)
+_NO_NODES: list[Any] = [None] * SHARDS  # a plain Redis: one node
+_ANY = object()  # a script call's header for any node not named
+_SPARSE = {"join"}  # scripts that return (item, result, value) for some results only
+_EMPTY: list[int] = []
+
+
+def _shard(key: bytes) -> int:
+    return int(key[1 : key.index(b"}")])
+
 
 def connect(url: str) -> redis.Redis | RedisCluster:
     """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
@@ -116,7 +125,7 @@ class RedisIndex:
         # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
         self.round_trips = self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
-        self._nodes_of: tuple[Any, dict[bytes, str]] = (None, {})  # slot map, tag -> node
+        self._nodes_of: tuple[Any, list[Any]] = (None, [])  # slot map, shard -> node
         # A final state never changes, nor a kept page's record: both are cached (bounded;
         # a page gone by retention drops out when its record is found missing).
         self._final: OrderedDict[int, str] = OrderedDict()
@@ -130,32 +139,42 @@ class RedisIndex:
 
     # --- the protocol -----------------------------------------------------------------
     def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
-        keys = [probe_keys(p) for p in probes]
+        keys, shards = [], []
+        for p in probes:
+            page_keys, page_shards = probe_shards(p)
+            keys.append(page_keys)
+            shards.append(page_shards)
         priors: list[Any] = [None] * len(probes)
         if register:
             priors = self._register(probes)
         # A page decided before (delivered again) neither joins nor reads: it has its answer.
         joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
                          if prior is None for key in page_keys) if register else {}
-        members = self._read(probes, keys, priors, joined if register else None)
+        members, hit = self._read(probes, keys, shards, priors, joined if register else None)
         mine = {p.page_id for p in probes}
         # Every page of another batch seen, with the smallest page of this batch that saw it.
         seen: dict[int, int] = {}
-        for p, sets, prior in zip(probes, members, priors, strict=True):
-            if prior is None:
+        for p, sets, prior, any_read in zip(probes, members, priors, hit, strict=True):
+            if prior is None and any_read:
                 for ids in sets:
                     for q in ids:
                         if q not in mine:
                             seen[q] = min(seen.get(q, p.page_id), p.page_id)
         states = self._peek(seen, flag=register)
         if register:
-            self._sweep(keys, members, states, mine)
+            self._sweep([k for k, h in zip(keys, hit, strict=True) if h],
+                        [m for m, h in zip(members, hit, strict=True) if h], states, mine)
         out: list[Answer] = []
         need: dict[int, None] = {}
         waiting = set()
-        for p, page_keys, sets, prior in zip(probes, keys, members, priors, strict=True):
+        for p, page_keys, sets, prior, any_read in zip(probes, keys, members, priors, hit,
+                                                       strict=True):
             if prior is not None:
                 out.append(Answer(None, None, [], {}, prior=prior))
+                continue
+            if not any_read:  # every key new, or holding only pages of this batch
+                features = len(page_keys) - (1 if p.canonical_fp is None else 2)
+                out.append(Answer(None, None, [[] for _ in range(features)], {}))
                 continue
             older_pending = any(states.get(q) == "P" and q < p.page_id
                                 for ids in sets for q in ids if q not in mine)
@@ -212,23 +231,29 @@ class RedisIndex:
         won = [False] * len(claims)
         first = [i for i, c in enumerate(claims) if c.decision is not None and (
             c.depends_on is None)]
-        self._finish(claims, first, won)
+        leave = self._finish(claims, first, won, [])
         later = [i for i, c in enumerate(claims) if c.decision is not None
                  and c.depends_on is not None and won[c.depends_on]]
-        self._finish(claims, later, won)
+        leave = self._finish(claims, later, won, leave)
         self.lost += sum(1 for c, ok in zip(claims, won, strict=True)
                          if not ok and c.decision is not None)
         kept = sum(1 for c, ok in zip(claims, won, strict=True) if ok and c.doc is not None)
-        if kept:
-            with self._call("count"):
-                self.client.incrby(PAGES, kept)
-            self.round_trips += 1
+        # The last drops leave their keys, and the count of pages kept grows, in one round
+        # trip (neither orders anything: a drop leaves after its record is final).
+        if leave or kept:
+            with self._call("claim"):
+                self._rounds(("leave", leave, ()), count=kept)
         return won
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:
         """Whether a page with each raw fingerprint may be held (a hint: one round trip)."""
+        nodes = self._shard_nodes()
+        items = []
+        for fp in raw_fps:
+            key = set_key(b"R", fp)
+            items.append((nodes[fp % SHARDS], key, (key,), 1))
         with self._call("read"):
-            found = self._rounds(("read", [(set_key(b"R", fp), (1, 0)) for fp in raw_fps]))
+            found = self._rounds(("read", items, (1, 1)))
         return [bool(members) for members in found[0]]
 
     def local_ids(self, n: int) -> range:
@@ -253,49 +278,88 @@ class RedisIndex:
     def _register(self, probes: Sequence[Probe]) -> list[Any]:
         """Each page's record PENDING (before any of its keys is joined: a page that sees
         it in a set finds its record), or the decision it already has."""
+        nodes = self._shard_nodes()
+        items = []
+        for p in probes:
+            key = record_key(p.page_id)
+            items.append((nodes[p.page_id % SHARDS], key, (key, self.expire_at(p.page_id)), 1))
         with self._call("register"):
-            found = self._rounds(("register", [
-                (record_key(p.page_id), (LEASE_MS, self.expire_at(p.page_id)))
-                for p in probes]))[0]
+            found = self._rounds(("register", items, (LEASE_MS,)))[0]
         return [decode_decision(record) if record else None for _, record in found]
 
-    def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], priors: list[Any],
-              joined: Mapping[bytes, int] | None) -> list[list[list[int]]]:
+    def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
+              priors: list[Any], joined: Mapping[bytes, int] | None
+              ) -> tuple[list[list[list[int]]], list[bool]]:
         """Each key's members, oldest first: exact layers their first few, features their
         most recent `cap`, plus slack for pending and dropped ones. With `joined` (the
         batch's own members per key), each page first joins its keys, in the same script
         call (so of two pages sharing a key, the later call sees the other), and the window
-        has room for the batch's members (they would push stored ones out of it)."""
-        mine = joined or {}
-
-        def window(key: bytes) -> tuple[int, int]:
-            if key[key.index(b"}") + 1] == 70:  # b"F": a feature, its newest members
-                return self.cap + _READ_SLACK + mine.get(key, 0), 1
-            return _READ_SLACK + mine.get(key, 0), 0
-
-        entries = []
-        for p, page_keys, prior in zip(probes, keys, priors, strict=True):
+        has room for the batch's members (they would push stored ones out of it); then a
+        key that holds only pages of this batch reads as empty. The lists are not to be
+        changed (keys read as empty share one). Also, per page, whether any of its keys read
+        as other than empty (False: none did)."""
+        nodes = self._shard_nodes()
+        items: list[tuple[Any, bytes, Sequence[Any], int]] = []
+        # per item: its page's sets, the keys' indexes, the page's index
+        order: list[tuple[list[list[int]], list[int], int]] = []
+        out: list[list[list[int]]] = []
+        hit = [joined is None] * len(probes)
+        for p, page_keys, page_shards, prior in zip(probes, keys, shards, priors, strict=True):
+            sets: list[list[int]] = [_EMPTY] * len(page_keys)
+            out.append(sets)
             if prior is not None:
                 continue
             if joined is None:
-                entries += [(key, window(key)) for key in page_keys]
-            else:
-                member, at = id_bytes(p.page_id), self.expire_at(p.page_id)
-                entries += [(key, (member, at, *window(key))) for key in page_keys]
-        with self._call("read" if joined is None else "join"):
-            replies = iter(self._rounds(("read" if joined is None else "join", entries))[0])
-        return [[sorted(int.from_bytes(m, "big") for m in next(replies)) for _ in page_keys]
-                if prior is None else [[] for _ in page_keys]
-                for page_keys, prior in zip(keys, priors, strict=True)]
+                for k, (key, shard) in enumerate(zip(page_keys, page_shards, strict=True)):
+                    items.append((nodes[shard], key, (key,), 1))
+                    order.append((sets, [k], len(out) - 1))
+                continue
+            # A page's keys on one node go in one item: its member and expiry once.
+            by_node: dict[Any, list[int]] = {}
+            for k, shard in enumerate(page_shards):
+                by_node.setdefault(nodes[shard], []).append(k)
+            member, at = id_bytes(p.page_id), self.expire_at(p.page_id)
+            for node, ks in by_node.items():
+                node_keys = [page_keys[k] for k in ks]
+                items.append((node, node_keys[0], (member, at, len(ks), *node_keys), len(ks)))
+                order.append((sets, ks, len(out) - 1))
+        if joined is None:
+            header: Any = (self.cap + _READ_SLACK, _READ_SLACK)
+        else:  # keys more than one page of the batch joins, per node
+            extra: dict[Any, list[Any]] = {}
+            for key, n in joined.items():
+                if n != 1:
+                    extra.setdefault(nodes[_shard(key)], []).extend((key, n))
+            header = {node: (self.cap + _READ_SLACK, _READ_SLACK, len(kv) // 2, *kv)
+                      for node, kv in extra.items()}
+            header[_ANY] = (self.cap + _READ_SLACK, _READ_SLACK, 0)
+        if joined is None:
+            with self._call("read"):
+                replies = iter(self._rounds(("read", items, header))[0])
+            for sets, ks, _ in order:
+                for k in ks:
+                    sets[k] = sorted(map(int.from_bytes, next(replies)))
+        else:
+            with self._call("join"):
+                found = self._rounds(("join", items, header))[0]
+            for i, k, ids in found:
+                sets, ks, page = order[i]
+                sets[ks[k - 1]] = sorted(map(int.from_bytes, ids))
+                hit[page] = True
+        return out, hit
 
     def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
         states = {q: self._final[q] for q in seen if q in self._final}
         ask = [q for q in seen if q not in states]
         if not ask:
             return states
+        nodes = self._shard_nodes()
+        items = []
+        for q in ask:
+            key = record_key(q)
+            items.append((nodes[q % SHARDS], key, (key, 1 if flag and q > seen[q] else 0), 1))
         with self._call("peek"):
-            replies = self._rounds(("peek", [
-                (record_key(q), (1 if flag and q > seen[q] else 0,)) for q in ask]))[0]
+            replies = self._rounds(("peek", items, ()))[0]
         for q, r in zip(ask, replies, strict=True):
             state = states[q] = r.decode() if isinstance(r, bytes) else str(r)
             if state in ("K", "D"):
@@ -323,20 +387,30 @@ class RedisIndex:
         whose own leaving failed, and pages past their lease (an instance that died; one
         that did not joins again when it asks again). Not an absent record: it may be a
         page whose keys were written before its record, in the same round."""
-        gone = [(key, (id_bytes(q),)) for page_keys, sets in zip(keys, members, strict=True)
-                for key, ids in zip(page_keys, sets, strict=True) for q in ids
-                if q not in mine and states.get(q) in ("X", "D")]
+        gone: dict[int, dict[bytes, None]] = {}
+        for page_keys, sets in zip(keys, members, strict=True):
+            for key, ids in zip(page_keys, sets, strict=True):
+                for q in ids:
+                    if q not in mine and states.get(q) in ("X", "D"):
+                        gone.setdefault(q, {})[key] = None
         if gone:
             with self._call("sweep"):
-                self._rounds(("leave", list(dict.fromkeys(gone))))
+                self._rounds(("leave", [item for q, q_keys in gone.items()
+                                        for item in self._leave(id_bytes(q), list(q_keys))],
+                              ()))
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
         docs = {h: self._records[h] for h in handles if h in self._records}
         ask = [h for h in handles if h not in docs]
         if not ask:
             return docs
+        nodes = self._shard_nodes()
+        items = []
+        for h in ask:
+            key = record_key(h)
+            items.append((nodes[h % SHARDS], key, (key,), 1))
         with self._call("docs"):
-            replies = self._rounds(("records", [(record_key(h), ()) for h in ask]))[0]
+            replies = self._rounds(("records", items, ()))[0]
         for h, raw in zip(ask, replies, strict=True):
             if raw is None:  # gone (retention) since its state was read
                 self._final.pop(h, None)
@@ -345,51 +419,88 @@ class RedisIndex:
                 _remember(self._records, h, docs[h], CACHED_RECORDS)
         return docs
 
-    def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool]) -> None:
+    def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool],
+                leave: list[Any]) -> list[Any]:
+        """Finish the claims `which` (in the same round trip, `leave`: drops of the round
+        before leaving their keys); the drops won now, to leave their keys."""
         if not which:
-            return
+            return leave
+        nodes = self._shard_nodes()
+        items = []
+        for i in which:
+            c = claims[i]
+            key = record_key(c.probe.page_id)
+            items.append((nodes[c.probe.page_id % SHARDS], key, (
+                key, b"D" if c.doc is None else b"K", encode_decision(c.decision),
+                b"" if c.doc is None else encode_doc(c.doc)), 1))
         with self._call("claim"):
-            replies = self._rounds(("finish", [
-                (record_key(claims[i].probe.page_id),
-                 (b"D" if claims[i].doc is None else b"K", encode_decision(claims[i].decision),
-                  b"" if claims[i].doc is None else encode_doc(claims[i].doc)))
-                for i in which]))[0]
-            leave = []
-            for i, reply in zip(which, replies, strict=True):
-                c = claims[i]
-                won[i] = reply in (b"ok", "ok")
-                if won[i]:
-                    _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
-                              CACHED_STATES)
-                    if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
-                        member = id_bytes(c.probe.page_id)
-                        leave += [(key, (member,)) for key in probe_keys(c.probe)]
-            self._rounds(("leave", leave))
+            replies = self._rounds(("finish", items, ()), ("leave", leave, ()))[0]
+        leave = []
+        for i, reply in zip(which, replies, strict=True):
+            c = claims[i]
+            won[i] = reply in (b"ok", "ok")
+            if won[i]:
+                _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
+                          CACHED_STATES)
+                if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
+                    leave += self._leave(id_bytes(c.probe.page_id), probe_shards(c.probe))
+        return leave
+
+    def _leave(self, member: bytes, keys: list[bytes] | tuple[list[bytes], list[int]]
+               ) -> list[Any]:
+        """Items of a "leave" call: `member` leaves `keys` (with their shards, or without)."""
+        if isinstance(keys, tuple):
+            keys, shards = keys
+        else:
+            shards = [_shard(key) for key in keys]
+        nodes = self._shard_nodes()
+        by_node: dict[Any, list[bytes]] = {}
+        for key, shard in zip(keys, shards, strict=True):
+            by_node.setdefault(nodes[shard], []).append(key)
+        return [(node, node_keys[0], (member, len(node_keys), *node_keys), 0)
+                for node, node_keys in by_node.items()]
 
     # --- plumbing ---------------------------------------------------------------------
-    def _rounds(self, *calls: tuple[str, Sequence[tuple[bytes, Sequence[Any]]]]) -> list[
-            list[Any]]:
-        """One pipelined round trip: for each (script, [(key, values)]), one script call per
-        node its keys are on (per _CALL_KEYS keys). Per call, the script's result per key,
-        in the order given."""
+    def _rounds(self, *calls: tuple[str, Sequence[tuple[Any, bytes, Sequence[Any], int]], Any],
+                count: int = 0) -> list[list[Any]]:
+        """One pipelined round trip: for each (script, items, header), one script call per
+        node its items are on (per about _CALL_KEYS results). An item is (node, a key of it
+        on that node, its arguments, how many results it gets); a call's arguments are the
+        header (the same for every node, or per node: {node: header}, _ANY for the rest),
+        then its items'. Per call, the results of its items, in order (of a _SPARSE script:
+        (item index, result number from 1, result) for the results it gives). `count`: the
+        count of pages kept grows by that much, in the same round trip."""
         groups = []
-        node_of = self._node_of()
-        for script, entries in calls:
-            nodes: dict[Any, list[int]] = {}
-            for i, (key, _) in enumerate(entries):
-                nodes.setdefault(node_of(key), []).append(i)
-            groups.append((script, entries, [idx[j : j + _CALL_KEYS] for idx in nodes.values()
-                                             for j in range(0, len(idx), _CALL_KEYS)]))
-        if not any(entries for _, entries, _ in groups):
+        for script, items, header in calls:
+            chunks: dict[Any, list[list[int]]] = {}  # node -> its calls, each a list of items
+            sizes: dict[Any, int] = {}
+            for i, item in enumerate(items):
+                node, n = item[0], item[3]
+                node_chunks = chunks.get(node)
+                if node_chunks is None or sizes[node] + n > _CALL_KEYS:
+                    if node_chunks is None:
+                        node_chunks = chunks[node] = []
+                    node_chunks.append([])
+                    sizes[node] = 0
+                node_chunks[-1].append(i)
+                sizes[node] += n
+            groups.append((script, items, header, chunks))
+        if not any(items for _, items, _, _ in groups) and not count:
             return [[] for _ in calls]
         for attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
-            for script, entries, calls_ in groups:
-                for idx in calls_:
-                    # KEYS[1] routes the call to the node; the keys are in ARGV (redis_layout)
-                    pipe.execute_command("EVALSHA", self._sha[script], 1, entries[idx[0]][0],
-                                         *(v for i in idx for v in (entries[i][0],
-                                                                    *entries[i][1])))
+            for script, items, header, chunks in groups:
+                for node, node_chunks in chunks.items():
+                    head = header.get(node, header[_ANY]) if isinstance(header, dict) else header
+                    for idx in node_chunks:
+                        args = list(head)
+                        for i in idx:
+                            args += items[i][2]
+                        # KEYS[1] routes the call to the node; the keys are in ARGV
+                        pipe.execute_command("EVALSHA", self._sha[script], 1, items[idx[0]][1],
+                                             *args)
+            if count and not attempt:  # (a failed attempt ran it)
+                pipe.incrby(PAGES, count)
             try:
                 replies = iter(self._execute(pipe))
                 break
@@ -398,33 +509,48 @@ class RedisIndex:
                     raise
                 self._load_scripts()
         out = []
-        for _, entries, calls_ in groups:
-            results: list[Any] = [None] * len(entries)
-            for idx in calls_:
-                reply = next(replies)
-                for i, r in zip(idx, reply if isinstance(reply, list) else [reply] * len(idx),
-                                strict=True):
-                    results[i] = r
+        for script, items, _, chunks in groups:
+            if script in _SPARSE:  # per chunk: item (from 1), result (from 1), value
+                found = []
+                for node_chunks in chunks.values():
+                    for idx in node_chunks:
+                        reply = next(replies)
+                        found += [(idx[reply[j] - 1], reply[j + 1], reply[j + 2])
+                                  for j in range(0, len(reply), 3)]
+                out.append(found)
+                continue
+            offsets, total = [], 0
+            for item in items:
+                offsets.append(total)
+                total += item[3]
+            results: list[Any] = [None] * total
+            for node_chunks in chunks.values():
+                for idx in node_chunks:
+                    reply = next(replies)
+                    if not isinstance(reply, list):
+                        continue
+                    pos = 0
+                    for i in idx:
+                        n = items[i][3]
+                        if n == 1:
+                            results[offsets[i]] = reply[pos]
+                        elif n:
+                            results[offsets[i] : offsets[i] + n] = reply[pos : pos + n]
+                        pos += n
             out.append(results)
         return out
 
-    def _node_of(self) -> Callable[[bytes], Any]:
-        """key -> the node serving it now (one node for a plain Redis), by its hash tag
-        (remembered until the client learns a new slot map)."""
+    def _shard_nodes(self) -> list[Any]:
+        """The node serving each shard (hash tag) now (None for a plain Redis), remembered
+        until the client learns a new slot map."""
         if not isinstance(self.client, RedisCluster):
-            return lambda key: None
+            return _NO_NODES
         nodes = self.client.nodes_manager
         if self._nodes_of[0] is not nodes.slots_cache:
-            self._nodes_of = (nodes.slots_cache, {})
-        by_tag = self._nodes_of[1]
-
-        def node_of(key: bytes) -> str:
-            tag = key[: key.index(b"}") + 1]
-            node = by_tag.get(tag)
-            if node is None:
-                node = by_tag[tag] = nodes.get_node_from_slot(self.client.keyslot(tag)).name
-            return node
-        return node_of
+            self._nodes_of = (nodes.slots_cache, [
+                nodes.get_node_from_slot(self.client.keyslot(b"{%d}" % shard)).name
+                for shard in range(SHARDS)])
+        return self._nodes_of[1]
 
     def _load_scripts(self) -> None:
         for source in SCRIPTS.values():

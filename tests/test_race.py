@@ -18,11 +18,17 @@ GROUPS = 3_000
 @pytest.mark.parametrize("run", [1, 2])
 def test_instances_racing_keep_one_of_each_group_and_never_two(redis_url: str, run: int,
                                                                tmp_path: Path) -> None:
-    flush_redis(redis_url)
-    out = race(redis_url, GROUPS, tmp_path)
-    assert out.decided == 4 * GROUPS
-    assert (out.double_keeps, out.empty_groups, out.dangling) == (0, 0, 0), out
-    assert out.waits + out.lost > 0, f"no race happened: the test proved nothing ({out})"
+    # On a loaded machine the instances can drift apart and then meet nothing: a run
+    # without one wait or lost claim proved nothing, so it is run again (each run checked).
+    for attempt in range(3):
+        flush_redis(redis_url)
+        (tmp_path / str(attempt)).mkdir()
+        out = race(redis_url, GROUPS, tmp_path / str(attempt))
+        assert out.decided == 4 * GROUPS
+        assert (out.double_keeps, out.empty_groups, out.dangling) == (0, 0, 0), out
+        if out.waits + out.lost > 0:
+            break
+    assert out.waits + out.lost > 0, f"no race happened in 3 runs: nothing proved ({out})"
 
 
 def test_an_instance_killed_mid_run_and_delivered_again_changes_no_decision(

@@ -112,4 +112,3 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
             tail = svc.log.read_text(errors="replace").splitlines()[-150:]
             report.sections.append((f"last lines of {svc.log.name}", "\n".join(tail)))
     return report
-

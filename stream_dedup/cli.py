@@ -137,7 +137,8 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "LD signature: ~640 B a kept page) lives: disk (an unlinked temporary file; "
              "~190 B a page of RAM) or ram (~830 B a page)", choices=["disk", "ram"]),
         Flag("memory_records_dir", "memory index: the directory of that file (default: "
-             "the system's temporary directory, $TMPDIR)", "DIR"),
+             "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
+             "RAM)", "DIR"),
         Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
              "running (0 = never)", "DAYS"),
     ],

@@ -110,3 +110,22 @@ def test_a_sketch_of_another_width_is_refused() -> None:
     arena.extend([_doc(1)])
     with pytest.raises(ValueError, match="sketches of"):
         arena.extend([_doc(2, width=42)])
+
+
+def test_the_record_file_is_not_put_in_ram_by_default(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """/tmp is a tmpfs on many systems (the file would take RAM there): the default is
+    $TMPDIR, else /var/tmp; a directory that lives in RAM is named in a warning."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert memory.records_home("") == str(tmp_path)
+    assert memory.records_home("/elsewhere") == "/elsewhere"
+    monkeypatch.delenv("TMPDIR")
+    if os.access("/var/tmp", os.W_OK | os.X_OK):
+        assert memory.records_home("") == "/var/tmp"
+    if not os.path.ismount("/dev/shm"):  # (Linux mounts a tmpfs there)
+        pytest.skip("no /dev/shm here")
+    assert memory.in_ram("/dev/shm") == "tmpfs"
+    arena = DocArena("/dev/shm")
+    assert "/dev/shm, a tmpfs: it takes RAM" in caplog.text
+    arena.close()

@@ -23,6 +23,7 @@ them in RAM instead).
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import weakref
@@ -248,6 +249,38 @@ class _Bytes:
         return sum(len(c) for c in self.chunks)
 
 
+log = logging.getLogger("stream_dedup")
+
+
+def records_home(directory: str) -> str:
+    """Where the record file goes: `directory`; else $TMPDIR; else /var/tmp, which is on
+    disk where /tmp is a tmpfs (Debian 13, Fedora, Arch: the file would take RAM there);
+    else the system's temporary directory."""
+    if directory:
+        return directory
+    if os.environ.get("TMPDIR"):
+        return os.environ["TMPDIR"]
+    if os.access("/var/tmp", os.W_OK | os.X_OK):
+        return "/var/tmp"
+    return tempfile.gettempdir()
+
+
+def in_ram(path: str) -> str | None:
+    """The type of the file system `path` is on when that lives in RAM (tmpfs, ramfs)."""
+    path, best, kind = os.path.realpath(path), "", ""
+    try:
+        with open("/proc/self/mounts") as fh:
+            for line in fh:
+                mount, fstype = line.split()[1:3]
+                mount = mount.replace("\\040", " ")
+                inside = path == mount or path.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, kind = mount, fstype
+    except (OSError, ValueError):  # not Linux
+        return None
+    return kind if kind in ("tmpfs", "ramfs") else None
+
+
 class _RecordFile:
     """Byte strings of any length end to end in a temporary file, unlinked from the start
     (nothing is left behind, also after a crash; its pages are the kernel's page cache, not
@@ -257,7 +290,7 @@ class _RecordFile:
     FLUSH_BYTES = 1 << 20
 
     def __init__(self, directory: str) -> None:
-        where = directory or tempfile.gettempdir()
+        where = records_home(directory)
         try:
             self._file = tempfile.TemporaryFile(dir=where, prefix="stream-dedup-records-",
                                                 buffering=0)
@@ -266,6 +299,10 @@ class _RecordFile:
                 f"cannot make the memory index's record file in {where}: {exc} (choose "
                 f"another directory with --memory-records-dir, or --memory-records ram)"
             ) from exc
+        if kind := in_ram(where):
+            log.warning("the memory index's record file is in %s, a %s: it takes RAM there, "
+                        "not disk (~640 bytes a kept page); give a directory on disk with "
+                        "--memory-records-dir", where, kind)
         self._fd = self._file.fileno()
         # An index nobody closes (a library user's) closes its file when it is collected.
         self.close = weakref.finalize(self, self._file.close)

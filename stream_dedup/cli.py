@@ -135,7 +135,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "snapshot)", "DIR"),
         Flag("memory_records", "memory index: where what only verification reads (sketch, "
              "LD signature: ~640 B a kept page) lives: disk (an unlinked temporary file; "
-             "~190 B a page of RAM) or ram (~830 B a page)", choices=["disk", "ram"]),
+             "~200 B a page of RAM) or ram (~850 B a page)", choices=["disk", "ram"]),
         Flag("memory_records_dir", "memory index: the directory of that file (default: "
              "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
              "RAM)", "DIR"),

@@ -75,7 +75,7 @@ class Settings:
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     # memory index: where what only verification reads (sketch, LD signature: ~640 bytes a
     # kept page) lives: "disk", an unlinked temporary file in memory_records_dir ("": $TMPDIR,
-    # else /var/tmp), leaving ~190 bytes a page of RAM; or "ram" (~830)
+    # else /var/tmp), leaving ~200 bytes a page of RAM; or "ram" (~850)
     memory_records: str = "disk"
     memory_records_dir: str = ""
     retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)

@@ -313,11 +313,10 @@ class _RecordFile:
 
     def extend(self, values: Sequence[bytes]) -> None:
         """Append one value per row; all or nothing (a full disk raises, nothing added)."""
-        size = sum(len(v) for v in values)
-        if self._buffer and len(self._buffer) + size > self.FLUSH_BYTES:
+        ends = np.cumsum(np.array([len(v) for v in values], np.uint64))
+        if self._buffer and len(self._buffer) + int(ends[-1]) > self.FLUSH_BYTES:
             self.flush()
         start = self._written + len(self._buffer)
-        ends = np.cumsum(np.fromiter((len(v) for v in values), np.uint64, len(values)))
         self._buffer += b"".join(values)
         self.ends.extend(ends + np.uint64(start))
 
@@ -350,26 +349,25 @@ class _RecordFile:
 
 # A DocArena row's fixed part: one structured value, read in one step.
 _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
-                 ("sig_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
+                 ("record_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
 
 
 class DocArena:
     """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
-    row (id, text length, where its URL ends) and its URL in RAM; its sketch (4 bytes a
-    min-hash) and LD signature, which only verification reads, in a _RecordFile on disk
-    (`records_dir`: where; None: in RAM, the sketch a column, the signatures end to end in
-    a byte arena). A StoredDoc per page cost ~1.1 KB of Python objects (bench/memory.py).
-    Reading a row builds its StoredDoc (what verification reads; the page's features live
-    in the index, not here)."""
+    row (id, text length, where its URL ends) and its URL in RAM; what only verification
+    reads, its sketch (4 bytes a min-hash) then its LD signature, as one byte string in a
+    _RecordFile on disk (`records_dir`: where), or with `records_dir` None end to end in a
+    byte arena in RAM (the row says where it ends). A StoredDoc per page cost ~1.1 KB of
+    Python objects (bench/memory.py). Reading a row builds its StoredDoc (what verification
+    reads; the page's features live in the index, not here)."""
 
     def __init__(self, records_dir: str | None = None) -> None:
-        self._sketch: _Column | None = None  # made with the first sketch: its width
         self._rows = _Column(_ROW)
         self._fps = _Column(np.uint64, 2)  # raw, canonical: the exact layers read them most
-        self._signatures = _Bytes()
+        self._records = _Bytes()  # (records_dir None)
         self._urls = _Bytes()
         self._file = None if records_dir is None else _RecordFile(records_dir)
-        self._width = 0  # min-hashes a sketch (in the file: the sketch, then the signature)
+        self._width = 0  # min-hashes a sketch: the first sketch stored says
 
     def __len__(self) -> int:
         return self._rows.rows
@@ -384,20 +382,13 @@ class DocArena:
         if widths - {self._width}:
             raise ValueError(f"sketches of {sorted(widths)} values in an index of "
                              f"{self._width}")
+        records = [d.sketch.astype("<u4").tobytes() + d.ld_signature for d in docs]
         rows = np.empty(len(docs), _ROW)
         if self._file is not None:  # first: a write that fails leaves the arena as it was
-            self._file.extend([d.sketch.astype("<u4").tobytes() + d.ld_signature
-                               for d in docs])
-            rows["sig_end"] = 0
+            self._file.extend(records)
+            rows["record_end"] = 0
         else:
-            if self._sketch is None and widths:
-                self._sketch = _Column(np.uint32, self._width)
-                self._sketch.extend(np.zeros((first, self._width), np.uint32))
-            if self._sketch is not None:
-                blank = np.zeros(self._width, np.uint32)
-                self._sketch.extend(np.stack([d.sketch if d.sketch.shape[0] else blank
-                                              for d in docs]))
-            rows["sig_end"] = self._signatures.extend(first, [d.ld_signature for d in docs])
+            rows["record_end"] = self._records.extend(first, records)
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
                                                     for d in docs])
         self._fps.extend(np.array([(d.raw_fp, d.canonical_fp) for d in docs], np.uint64))
@@ -417,23 +408,16 @@ class DocArena:
         if not 0 <= row < len(self):
             raise IndexError(row)
         chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
-        high, low, text_length, sig_end, url_end, sketched = chunk[at].item()
-        sig_start, url_start = chunk[at - 1].item()[3:5] if at else (0, 0)
+        high, low, text_length, record_end, url_end, sketched = chunk[at].item()
+        record_start, url_start = chunk[at - 1].item()[3:5] if at else (0, 0)
         raw_fp, canonical_fp = self._fps.chunks[row >> _SHIFT][at].tolist()
-        sketch = _NO_SKETCH
-        if self._file is not None:
-            record = self._file.get(row)
-            split = 4 * self._width if sketched else 0
-            if sketched:
-                sketch = np.frombuffer(record, "<u4", self._width).astype(np.uint32)
-            signature = record[split:]
-        else:
-            if sketched:
-                assert self._sketch is not None
-                sketch = self._sketch[row]
-            signature = self._signatures.get(row, sig_start, sig_end)
+        record = (self._file.get(row) if self._file is not None
+                  else self._records.get(row, record_start, record_end))
+        split = 4 * self._width if sketched else 0
+        sketch = np.frombuffer(record, "<u4", split // 4).astype(np.uint32) if sketched \
+            else _NO_SKETCH
         url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
-        return StoredDoc(url, _NO_FEATURES, sketch, signature, text_length, raw_fp,
+        return StoredDoc(url, _NO_FEATURES, sketch, record[split:], text_length, raw_fp,
                          canonical_fp, None, high << 64 | low)
 
     def close(self) -> None:
@@ -445,17 +429,16 @@ class DocArena:
         """Bytes of RAM held per part (written rows: a chunk's unwritten rows are not
         resident), and `on_disk`: the record file's."""
         spill = self._file
-        return {"sketch": self._sketch.nbytes if self._sketch else 0,
-                "fixed": self._rows.nbytes + self._fps.nbytes + (spill.ends.nbytes if spill
+        return {"fixed": self._rows.nbytes + self._fps.nbytes + (spill.ends.nbytes if spill
                                                                   else 0),
-                "ld_signature": self._signatures.nbytes, "url": self._urls.nbytes,
+                "sketch + LD signature": self._records.nbytes, "url": self._urls.nbytes,
                 "on_disk": spill.nbytes if spill else 0}
 
 
 class MemoryIndex(LocalIndex):
     """The default backend. Holds everything in this process, and what only verification
-    reads in an unlinked temporary file in `records_dir` ("": the system's temporary
-    directory; None: in RAM too); gone when it exits."""
+    reads in an unlinked temporary file in `records_dir` ("": records_home's choice; None:
+    in RAM too); gone when it exits."""
 
     def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "") -> None:
         self.stamp = stamp

@@ -443,15 +443,13 @@ class RedisIndex:
                 _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
                           CACHED_STATES)
                 if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
-                    leave += self._leave(id_bytes(c.probe.page_id), probe_shards(c.probe))
+                    leave += self._leave(id_bytes(c.probe.page_id), *probe_shards(c.probe))
         return leave
 
-    def _leave(self, member: bytes, keys: list[bytes] | tuple[list[bytes], list[int]]
+    def _leave(self, member: bytes, keys: list[bytes], shards: list[int] | None = None
                ) -> list[Any]:
-        """Items of a "leave" call: `member` leaves `keys` (with their shards, or without)."""
-        if isinstance(keys, tuple):
-            keys, shards = keys
-        else:
+        """Items of a "leave" call: `member` leaves `keys` (`shards`: theirs, if known)."""
+        if shards is None:
             shards = [_shard(key) for key in keys]
         nodes = self._shard_nodes()
         by_node: dict[Any, list[bytes]] = {}

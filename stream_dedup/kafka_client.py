@@ -339,6 +339,7 @@ async def ensure_topics(s: Settings, topics: list[str]) -> list[str]:
                 log.error("topic %s does not exist and could not be created (error %d: %s); "
                           "create it with kafka-topics.sh --create --topic %s", topic, code,
                           message, topic)
+        await _until_led(admin, created)
         return created
     except (KafkaError, TimeoutError, OSError) as exc:
         log.warning("could not check or create the topics %s (%s: %s); the broker creates "
@@ -350,6 +351,20 @@ async def ensure_topics(s: Settings, topics: list[str]) -> list[str]:
             await asyncio.wait_for(admin.close(), 5)
         except (KafkaError, TimeoutError):
             pass
+
+
+async def _until_led(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
+    """Wait until every partition of `topics` (just created) has a leader: consumed before,
+    the first offset lookup fails with NotLeaderForPartition and aiokafka logs an ERROR."""
+    deadline = asyncio.get_running_loop().time() + 10.0
+    while topics and asyncio.get_running_loop().time() < deadline:
+        described = await asyncio.wait_for(admin.describe_topics(topics), 5)
+        if len(described) == len(topics) and all(
+                t["error_code"] == 0 and t["partitions"] and all(
+                    p["error_code"] == 0 and p["leader"] >= 0 for p in t["partitions"])
+                for t in described):
+            return
+        await asyncio.sleep(0.1)
 
 
 async def read_limits(s: Settings, topics: list[str]) -> Limits:

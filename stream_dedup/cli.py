@@ -131,6 +131,13 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("redis_url", "redis: any node of a Redis Cluster (the rest is discovered) or "
              "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
              "comma-separated, so a start does not depend on one node", "URL"),
+        Flag("redis_buckets", "redis: bucket hashes per hash tag (1,024 tags), fixed when the "
+             "index is made; the default suits up to ~4M pages held: take pages / 30,000 "
+             "(docs/scale-out.md)", "N"),
+        Flag("redis_records_url", "redis: keep the kept pages' verification records (~600 B "
+             "each; 3/4 of what a page costs) in this other store, e.g. Kvrocks on SSD, so "
+             "that the Redis index holds ~270 B a page (default: in the index's Redis)",
+             "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),
         Flag("memory_records", "memory index: where what only verification reads (sketch, "

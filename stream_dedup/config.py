@@ -72,6 +72,13 @@ class Settings:
     index: str = "memory"  # memory | lsm | redis
     index_path: str = ""  # the LSM directory (required with index = "lsm")
     redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
+    # Redis: the index's entries are fields of bucket hashes, this many per hash tag (1,024
+    # tags); fixed when the index is made. ~8 x pages held / (1,024 x buckets) fields each:
+    # keep that under ~250 (docs/scale-out.md)
+    redis_buckets: int = 128
+    # Redis: where kept pages' verification records go (~600 bytes each, read only to
+    # verify): another Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own Redis
+    redis_records_url: str = ""
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     # memory index: where what only verification reads (sketch, LD signature: ~640 bytes a
     # kept page) lives: "disk", an unlinked temporary file in memory_records_dir ("": $TMPDIR,
@@ -119,6 +126,8 @@ class Settings:
                               "of the cluster)")
         if self.index == "lsm" and not self.index_path:
             raise ConfigError("--index lsm needs --index-path DIR (where the index lives)")
+        if not 1 <= self.redis_buckets <= 1 << 24:
+            raise ConfigError(f"redis_buckets must be 1 to {1 << 24}, got {self.redis_buckets}")
         if self.retention_days < 0:
             raise ConfigError("retention_days must be >= 0")
         if self.input_format not in ("json", "html"):

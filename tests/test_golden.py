@@ -111,3 +111,28 @@ def test_redis_index_gives_the_golden_decisions(paths: list[Path], name: str, ba
     flush_redis(redis_url)
     settings = Settings(**SETTINGS[name], index="redis", redis_url=redis_url)
     assert digest(decide_all(paths, settings, batch)) == GOLDEN[name]
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_redis_index_with_a_records_store_gives_the_golden_decisions(
+        paths: list[Path], name: str, redis_url: str, redis_single_url: str) -> None:
+    """The verification records in another store (a single Redis here, Kvrocks in
+    production): the same decisions, and the index's own Redis holds none of them."""
+    from redis.cluster import RedisCluster
+
+    from stream_dedup.index.redis import connect
+
+    flush_redis(redis_url)
+    flush_redis(redis_single_url)
+    settings = Settings(**SETTINGS[name], index="redis", redis_url=redis_url,
+                        redis_records_url=redis_single_url)
+    assert digest(decide_all(paths, settings, 64)) == GOLDEN[name]
+    index, records = connect(redis_url), connect(redis_single_url)
+    assert isinstance(index, RedisCluster)
+    kept = int(index.get(b"stream-dedup:pages"))
+    held = [k for k in records.scan_iter(count=1000)]
+    assert kept > 100 and len(held) == kept  # one record a kept page, every one there
+    assert all(b"}D" in k for k in held)
+    assert not any(b"}D" in k for k in index.scan_iter(count=1000, target_nodes=RedisCluster.PRIMARIES))
+    index.close()
+    records.close()

@@ -19,7 +19,7 @@ from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
 from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_layout import record_key, set_key
+from stream_dedup.index.redis_layout import SHARDS, id_bytes
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 
@@ -124,32 +124,62 @@ def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
 
 
+def _split(key: bytes) -> tuple[bytes, bytes]:
+    end = key.index(b"}") + 5
+    return key[:end], key[end:]
+
+
+def _entry(client, key: bytes) -> tuple[bytes, dict[bytes, int]]:  # type: ignore[no-untyped-def]
+    """An entry's bucket, and its ids with their expiries (a set entry's value, 'e' mode)."""
+    bucket, field = _split(key)
+    value = client.hget(bucket, field) or b"e"
+    assert value[:1] == b"e"
+    return bucket, {value[p : p + 13]: int.from_bytes(value[p + 13 : p + 17], "big")
+                    for p in range(1, len(value), 17)}
+
+
 def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
-    """--retention-days: a page's keys and record go `retention` after its crawl time (the
-    time in its id; a page already older is held an hour); a member past its time leaves a
-    set when a new page joins it."""
+    """--retention-days: a page's entries and record go `retention` after its crawl time
+    (the time in its id; a page already older is held an hour); an entry past its time
+    leaves when a new page joins its set, or when its bucket is swept; a bucket lives as
+    long as its newest entry."""
     from indexkit import first_with, keep
     from test_index import _doc
 
     flush_redis(redis_url)
     index = RedisIndex(redis_url, 1, retention_days=1)
+    layout, client = index.layout, index.client
     now_ms = int(time.time() * 1000)
+    now = now_ms // 1000
     fresh, old = position_id(now_ms, 0, 1), position_id(now_ms - 3 * 86_400_000, 0, 2)
+    # An entry of an earlier page, past its time, in the bucket feature 7 is in
+    # (another field of it: only a sweep of the bucket can take it away).
+    neighbour = layout.set_key(b"", 7 + SHARDS * layout.buckets)
+    lapsed = position_id(now_ms - 5 * 86_400_000, 0, 9).to_bytes(13, "big")
+    client.hset(*_split(neighbour), b"e" + lapsed + (now - 10).to_bytes(4, "big"))
     keep(index, _doc([7, 8], raw=1, canon=1), fresh)
     keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
-    client = index.client
-    assert 86_400 - 60 < client.ttl(set_key(b"R", 1)) <= 86_400
-    assert 3_600 - 60 < client.ttl(set_key(b"R", 2)) <= 3_600
-    assert 86_400 - 60 < client.ttl(record_key(fresh)) <= 86_400
-    # The feature both share lives as long as its newest page.
-    assert 86_400 - 60 < client.ttl(set_key(b"F", 7)) <= 86_400
-    # A member's score is when it may go: one whose time has come leaves when a page joins.
-    lapsed = position_id(now_ms - 5 * 86_400_000, 0, 9).to_bytes(13, "big")
-    client.zadd(set_key(b"F", 7), {lapsed: int(time.time()) - 10})
+    bucket, ids = _entry(client, layout.set_key(b"r", 1))
+    assert abs(ids[id_bytes(fresh)] - (now + 86_400)) <= 60
+    assert 86_400 - 60 < client.ttl(bucket) <= 86_400
+    bucket, ids = _entry(client, layout.set_key(b"r", 2))
+    assert abs(ids[id_bytes(old)] - (now + 3_600)) <= 60
+    assert 3_600 - 60 < client.ttl(bucket) <= 3_600
+    record = layout.record_key(fresh)
+    assert 86_400 - 60 < client.ttl(record[: record.index(b"}") + 5]) <= 86_400
+    assert 86_400 - 60 < client.ttl(b"{%d}D" % (fresh % SHARDS) + id_bytes(fresh)) <= 86_400
+    # The feature both share: both ids, each with its own time; the bucket as its newest.
+    bucket, ids = _entry(client, layout.set_key(b"", 7))
+    assert set(ids) == {id_bytes(fresh), id_bytes(old)}
+    assert 86_400 - 60 < client.ttl(bucket) <= 86_400
+    assert client.hget(*_split(neighbour)) is None  # swept
+    # An id whose time has come leaves its set when a page joins it.
+    client.hset(*_split(layout.set_key(b"", 7)), b"e" + lapsed + (now - 10).to_bytes(4, "big")
+                + b"".join(i + e.to_bytes(4, "big") for i, e in sorted(ids.items())))
     keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
-    members = client.zrange(set_key(b"F", 7), 0, -1)
-    assert lapsed not in members
-    assert {old.to_bytes(13, "big"), fresh.to_bytes(13, "big")} <= set(members)
+    _, ids = _entry(client, layout.set_key(b"", 7))
+    assert lapsed not in ids
+    assert {id_bytes(old), id_bytes(fresh)} <= set(ids)
     index.close()
 
     short = RedisIndex(redis_url, 1, retention_days=2 / 86_400)  # a 2-second window

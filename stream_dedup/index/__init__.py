@@ -42,6 +42,9 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     if s.memory_records_dir and s.index != "memory":
         raise ConfigError(f"--memory-records-dir is where the memory index keeps its records; "
                           f"it does not apply to {s.index}")
+    if s.redis_records_url and s.index != "redis":
+        raise ConfigError(f"--redis-records-url is where the Redis index keeps its "
+                          f"verification records; it does not apply to {s.index}")
     records_dir = s.memory_records_dir if s.memory_records == "disk" else None
     if s.warm_from:
         if s.index != "memory":
@@ -60,7 +63,8 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
                           retention_days=s.retention_days, threshold=s.threshold,
-                          max_candidates=s.verify_max_candidates, observe=observe)
+                          max_candidates=s.verify_max_candidates, buckets=s.redis_buckets,
+                          records_url=s.redis_records_url, observe=observe)
     return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
                                       Path(s.index_path) if s.index_path else None)
 

@@ -48,19 +48,20 @@ from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
 from ..models import position_id
 from .base import WAIT, Answer, Claim, Plan, Probe, StoredDoc, rank_candidates
 from .redis_layout import (
+    BUCKETS,
     FORMAT,
+    LISTPACK_ENTRIES,
+    LISTPACK_VALUE,
     PAGES,
     SCRIPTS,
     SHARDS,
     STAMP,
+    Layout,
     decode_decision,
     decode_doc,
     encode_decision,
     encode_doc,
     id_bytes,
-    probe_shards,
-    record_key,
-    set_key,
 )
 
 log = logging.getLogger("stream_dedup.index")
@@ -113,14 +114,20 @@ class RedisIndex:
 
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
+                 buckets: int = BUCKETS, records_url: str = "",
                  observe: Observe | None = None, client: Any = None) -> None:
         self.url = url
         self.stamp = stamp
         self.cap = max_posting
         self.threshold, self.max_candidates = threshold, max_candidates
         self.retention_s = int(retention_days * 86400)
+        self.layout = Layout(buckets)
         self.observe: Observe = observe or (lambda op, s, failed: None)
         self.client = client if client is not None else connect(url)
+        # Another store for the verification records (None: the index's own): written in a
+        # round trip before the records turn KEEP, so no instance finds one KEEP without it.
+        self.records = connect(records_url) if records_url else None
+        self._unkept: set[int] = set()  # written there, for pages not (yet) kept
         # So far: pipelined round trips, pages told to wait for an older page decided
         # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
         self.round_trips = self.waits = self.lost = 0
@@ -141,7 +148,7 @@ class RedisIndex:
     def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
         keys, shards = [], []
         for p in probes:
-            page_keys, page_shards = probe_shards(p)
+            page_keys, page_shards = self.layout.probe_shards(p)
             keys.append(page_keys)
             shards.append(page_shards)
         priors: list[Any] = [None] * len(probes)
@@ -250,7 +257,7 @@ class RedisIndex:
         nodes = self._shard_nodes()
         items = []
         for fp in raw_fps:
-            key = set_key(b"R", fp)
+            key = self.layout.set_key(b"r", fp)
             items.append((nodes[fp % SHARDS], key, (key,), 1))
         with self._call("read"):
             found = self._rounds(("read", items, (1, 1)))
@@ -281,11 +288,12 @@ class RedisIndex:
         nodes = self._shard_nodes()
         items = []
         for p in probes:
-            key = record_key(p.page_id)
+            key = self.layout.record_key(p.page_id)
             items.append((nodes[p.page_id % SHARDS], key, (key, self.expire_at(p.page_id)), 1))
         with self._call("register"):
             found = self._rounds(("register", items, (LEASE_MS,)))[0]
-        return [decode_decision(record) if record else None for _, record in found]
+        return [decode_decision(record, p.page_id) if record else None
+                for p, (_, record) in zip(probes, found, strict=True)]
 
     def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
               priors: list[Any], joined: Mapping[bytes, int] | None
@@ -356,7 +364,7 @@ class RedisIndex:
         nodes = self._shard_nodes()
         items = []
         for q in ask:
-            key = record_key(q)
+            key = self.layout.record_key(q)
             items.append((nodes[q % SHARDS], key, (key, 1 if flag and q > seen[q] else 0), 1))
         with self._call("peek"):
             replies = self._rounds(("peek", items, ()))[0]
@@ -404,13 +412,20 @@ class RedisIndex:
         ask = [h for h in handles if h not in docs]
         if not ask:
             return docs
-        nodes = self._shard_nodes()
-        items = []
-        for h in ask:
-            key = record_key(h)
-            items.append((nodes[h % SHARDS], key, (key,), 1))
-        with self._call("docs"):
-            replies = self._rounds(("records", items, ()))[0]
+        if self.records is not None:
+            with self._call("docs"):
+                pipe = self.records.pipeline(transaction=False)
+                for h in ask:
+                    pipe.get(self.layout.doc_key(h))
+                replies = self._execute(pipe)
+        else:
+            nodes = self._shard_nodes()
+            items = []
+            for h in ask:
+                key = self.layout.record_key(h)
+                items.append((nodes[h % SHARDS], key, (key,), 1))
+            with self._call("docs"):
+                replies = self._rounds(("records", items, ()))[0]
         for h, raw in zip(ask, replies, strict=True):
             if raw is None:  # gone (retention) since its state was read
                 self._final.pop(h, None)
@@ -419,23 +434,54 @@ class RedisIndex:
                 _remember(self._records, h, docs[h], CACHED_RECORDS)
         return docs
 
+    def _write_docs(self, claims: Sequence[Claim], which: list[int]) -> None:
+        """The verification records of the keeps among `which`, to the records store."""
+        kept = [claims[i] for i in which if claims[i].doc is not None]
+        if not kept or self.records is None:
+            return
+        with self._call("docs"):
+            pipe = self.records.pipeline(transaction=False)
+            for c in kept:
+                assert c.doc is not None
+                at = self.expire_at(c.probe.page_id)
+                pipe.set(self.layout.doc_key(c.probe.page_id), encode_doc(c.doc),
+                         exat=at or None)
+                self._unkept.add(c.probe.page_id)
+            self._execute(pipe)
+
+    def _forget_docs(self, page_ids: list[int]) -> None:
+        """Records written to the records store for pages then dropped (a keep claim lost,
+        decided again): nothing reads them; best effort (retention takes what is left)."""
+        if not page_ids or self.records is None:
+            return
+        try:
+            with self._call("docs"):
+                pipe = self.records.pipeline(transaction=False)
+                for q in page_ids:
+                    pipe.delete(self.layout.doc_key(q))
+                self._execute(pipe)
+        except IndexUnavailable:
+            return
+        self._unkept.difference_update(page_ids)
+
     def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool],
                 leave: list[Any]) -> list[Any]:
         """Finish the claims `which` (in the same round trip, `leave`: drops of the round
         before leaving their keys); the drops won now, to leave their keys."""
         if not which:
             return leave
+        self._write_docs(claims, which)
         nodes = self._shard_nodes()
         items = []
         for i in which:
             c = claims[i]
-            key = record_key(c.probe.page_id)
+            key = self.layout.record_key(c.probe.page_id)
+            doc = b"" if c.doc is None or self.records is not None else encode_doc(c.doc)
             items.append((nodes[c.probe.page_id % SHARDS], key, (
-                key, b"D" if c.doc is None else b"K", encode_decision(c.decision),
-                b"" if c.doc is None else encode_doc(c.doc)), 1))
+                key, b"D" if c.doc is None else b"K", encode_decision(c.decision), doc), 1))
         with self._call("claim"):
             replies = self._rounds(("finish", items, ()), ("leave", leave, ()))[0]
-        leave = []
+        leave, unkept = [], []
         for i, reply in zip(which, replies, strict=True):
             c = claims[i]
             won[i] = reply in (b"ok", "ok")
@@ -443,7 +489,13 @@ class RedisIndex:
                 _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
                           CACHED_STATES)
                 if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
-                    leave += self._leave(id_bytes(c.probe.page_id), *probe_shards(c.probe))
+                    leave += self._leave(id_bytes(c.probe.page_id),
+                                         *self.layout.probe_shards(c.probe))
+                    if c.probe.page_id in self._unkept:
+                        unkept.append(c.probe.page_id)
+                else:
+                    self._unkept.discard(c.probe.page_id)
+        self._forget_docs(unkept)
         return leave
 
     def _leave(self, member: bytes, keys: list[bytes], shards: list[int] | None = None
@@ -576,30 +628,37 @@ class RedisIndex:
         self.observe(operation, time.perf_counter() - started, False)
 
     def _check_stamp(self) -> None:
-        mine = f"{self.stamp}:{SHARDS}:{FORMAT}"
+        mine = f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}"
         with self._call("stamp"):
             self.client.set(STAMP, mine, nx=True)
             stored = self.client.get(STAMP).decode("utf-8", "replace")
-        if stored != mine:
-            try:
-                stamp, shards, layout = (int(v) for v in stored.split(":"))
-            except ValueError:
-                raise IndexMismatchError(
-                    f"the Redis at {self.url} holds something else at {STAMP.decode()} "
-                    f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
-                    "database") from None
-            why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings give "
-                   f"{self.stamp:#x}): features would not be comparable" if stamp != self.stamp
-                   else f"laid out by another version (shards {shards}, format {layout})")
-            raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
-                                     "settings and version, or another Redis.")
+        if stored == mine:
+            return
+        try:
+            stamp, shards, layout, *rest = (int(v) for v in stored.split(":"))
+        except ValueError:
+            raise IndexMismatchError(
+                f"the Redis at {self.url} holds something else at {STAMP.decode()} "
+                f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
+                "database") from None
+        if stamp != self.stamp:
+            why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings "
+                   f"give {self.stamp:#x}): features would not be comparable")
+        elif (shards, layout) != (SHARDS, FORMAT):
+            why = f"laid out by another version (shards {shards}, format {layout})"
+        else:
+            why = (f"made with --redis-buckets {rest[0] if rest else '?'} (these settings "
+                   f"give {self.layout.buckets}): every instance must use the same")
+        raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
+                                 "settings and version, or another Redis.")
 
     def _check_config(self) -> None:
-        """Warn about settings that lose pages (eviction) or cost ~25 % more memory."""
+        """Warn about settings that lose pages (eviction) or cost much more memory."""
         try:
             config = self.client.config_get("maxmemory-policy")
-            config.update(self.client.config_get("hash-max-listpack-value"))
-            value = int(config.get("hash-max-listpack-value", 1024))
+            config.update(self.client.config_get("hash-max-listpack-*"))
+            entries = int(config.get("hash-max-listpack-entries", LISTPACK_ENTRIES))
+            value = int(config.get("hash-max-listpack-value", LISTPACK_VALUE))
         except (RedisError, RedisClusterException, ValueError):
             return  # CONFIG is often disabled on managed Redis: nothing to say
         policy = config.get("maxmemory-policy", "noeviction")
@@ -608,10 +667,12 @@ class RedisIndex:
                         "forget pages and decisions silently; set noeviction, so a full "
                         "index fails writes (the batch waits, /readyz says so)", self.url,
                         policy)
-        if value < 1024:
-            log.warning("Redis at %s has hash-max-listpack-value %d: each kept page's record "
-                        "(~700 bytes) is then stored as a hash table, about 25 %% larger; set "
-                        "it to 1024 (deploy/redis-local does)", self.url, value)
+        if entries < LISTPACK_ENTRIES or value < LISTPACK_VALUE:
+            log.warning("Redis at %s has hash-max-listpack-entries %d and "
+                        "hash-max-listpack-value %d: a bucket of the index with more fields "
+                        "or a longer one is stored as a hash table, 2-3 times larger; set "
+                        "them to %d and %d (deploy/redis-local does)", self.url, entries,
+                        value, LISTPACK_ENTRIES, LISTPACK_VALUE)
 
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
@@ -626,10 +687,11 @@ class RedisIndex:
         """Does every primary answer now (/readyz)?"""
         try:
             with self._call("ping"):
-                if isinstance(self.client, RedisCluster):
-                    self.client.ping(target_nodes=RedisCluster.PRIMARIES)
-                else:
-                    self.client.ping()
+                for client in (self.client, self.records):
+                    if isinstance(client, RedisCluster):
+                        client.ping(target_nodes=RedisCluster.PRIMARIES)
+                    elif client is not None:
+                        client.ping()
             return True
         except IndexUnavailable:
             return False
@@ -639,18 +701,16 @@ class RedisIndex:
             return int(self.client.get(PAGES) or 0)
 
     def stats(self) -> dict[str, float]:
-        """Pages kept, keys, and Redis memory summed over every primary."""
+        """Pages kept, keys, and Redis memory summed over every primary (and over the
+        records store's, if it has one)."""
         with self._call("stats"):
-            if isinstance(self.client, RedisCluster):
-                primaries = RedisCluster.PRIMARIES
-                infos = list(self.client.info("memory", target_nodes=primaries).values())
-                keys = self.client.dbsize(target_nodes=primaries)  # summed by redis-py
-            else:
-                infos, keys = [self.client.info("memory")], self.client.dbsize()
-        used = sum(int(info["used_memory"]) for info in infos)
-        pages = len(self)
-        return {"pages": pages, "keys": keys, "redis_used_memory": used,
-                "index_bytes_per_page": used / pages if pages else 0.0}
+            keys, used = _memory(self.client)
+            out: dict[str, float] = {"pages": len(self), "keys": keys, "redis_used_memory": used}
+            if self.records is not None:
+                out["records_keys"], out["records_used_memory"] = _memory(self.records)
+        pages = out["pages"]
+        out["index_bytes_per_page"] = used / pages if pages else 0.0
+        return out
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         pass  # every claim is already stored; the consumer group holds the offsets
@@ -669,6 +729,19 @@ class RedisIndex:
 
     def close(self) -> None:
         self.client.close()
+        if self.records is not None:
+            self.records.close()
+
+
+def _memory(client: Any) -> tuple[int, int]:
+    """Keys and used_memory, summed over every primary."""
+    if isinstance(client, RedisCluster):
+        primaries = RedisCluster.PRIMARIES
+        infos = list(client.info("memory", target_nodes=primaries).values())
+        keys = client.dbsize(target_nodes=primaries)  # summed by redis-py
+    else:
+        infos, keys = [client.info("memory")], client.dbsize()
+    return keys, sum(int(info["used_memory"]) for info in infos)
 
 
 def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:

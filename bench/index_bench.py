@@ -9,12 +9,16 @@ features' posting lists), then one `claim` of the batch (every page kept). It re
     features column family on disk after a flush + compaction, and the whole directory
     (records included); Redis = `used_memory` (INFO memory, summed over the primaries)
     after minus before, divided by the pages: everything a page costs there;
-  - Redis: pipelined round trips per batch.
+  - Redis: pipelined round trips per batch; `redis+store` puts the verification records in
+    another store (--redis-records-url, a single Redis here; Kvrocks on SSD in production):
+    "index B/page" is then the index's Redis alone and "records B/page" the other store;
+    and where a Redis page's bytes go: `MEMORY USAGE` of a sample of each kind of key
+    (S: set buckets, P: record buckets, D: verification records) per page held.
 A share of pages (--dup-share) reuses 3 features of an earlier page, so lookups find
 candidates as they do on a real crawl.
 
-    python bench/index_bench.py --pages 1000000 --backends memory lsm redis \
-        --redis-url redis://127.0.0.1:7000
+    python bench/index_bench.py --pages 1000000 --backends memory lsm redis redis+store \
+        --redis-url redis://127.0.0.1:7000 --redis-records-url redis://127.0.0.1:7999
 """
 
 from __future__ import annotations
@@ -43,12 +47,36 @@ def _dir_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _used_memory(index: RedisIndex) -> int:
-    return int(index.stats()["redis_used_memory"])
+def _used_memory(index: RedisIndex) -> tuple[int, int]:
+    stats = index.stats()
+    return int(stats["redis_used_memory"]), int(stats.get("records_used_memory", 0))
+
+
+def _breakdown(clients: list, pages: int, every: int = 20) -> dict[str, float]:
+    """Bytes per page held by kind of key (the letter after the hash tag), from MEMORY
+    USAGE of every `every`-th key of every node."""
+    import redis
+    from redis.cluster import RedisCluster
+
+    total: dict[str, float] = {}
+    seen = 0
+    for client in clients:
+        nodes = ([redis.Redis(host=n.host, port=n.port) for n in client.get_primaries()]
+                 if isinstance(client, RedisCluster) else [client])
+        for node in nodes:
+            for key in node.scan_iter(count=1000):
+                if b"}" not in key:
+                    continue
+                seen += 1
+                if seen % every:
+                    continue
+                kind = chr(key[key.index(b"}") + 1])
+                total[kind] = total.get(kind, 0.0) + (node.memory_usage(key, samples=0) or 0)
+    return {kind: b * every / pages for kind, b in sorted(total.items())}
 
 
 def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: Path,
-        redis_url: str) -> dict:
+        redis_url: str, records_url: str) -> dict:
     rng = np.random.default_rng(seed)
     features = rng.integers(0, 2**63, size=(pages, 6), dtype=np.uint64)
     dups = np.flatnonzero(rng.random(pages) < dup_share)
@@ -58,9 +86,12 @@ def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: 
     sketches = rng.integers(0, 2**32, size=(4096, 84), dtype=np.uint32)  # realistic entropy
     signature = bytes(range(200))
     index: FeatureIndex
-    if backend == "redis":
+    if backend.startswith("redis"):
         flush_redis(redis_url)
-        index = RedisIndex(redis_url, 1)
+        store = records_url if backend == "redis+store" else ""
+        if store:
+            flush_redis(store)
+        index = RedisIndex(redis_url, 1, records_url=store)
         before = _used_memory(index)
     elif backend == "lsm":
         index = LsmIndex(tmp / "lsm", 1)
@@ -86,15 +117,21 @@ def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: 
     result = {"backend": backend, "pages": pages, "seconds": seconds,
               "pages_per_s": pages / seconds, "candidates_found": found,
               "index_bytes_per_page": float("nan"), "dir_bytes_per_page": float("nan"),
-              "round_trips_per_batch": float("nan")}
+              "round_trips_per_batch": float("nan"), "records_bytes_per_page": float("nan"),
+              "breakdown": {}}
     if isinstance(index, LsmIndex):
         index.compact()
         result["index_bytes_per_page"] = index.stats()["index_bytes_per_page"]
         index.close()
         result["dir_bytes_per_page"] = _dir_bytes(tmp / "lsm") / pages
     elif isinstance(index, RedisIndex):
-        result["index_bytes_per_page"] = (_used_memory(index) - before) / pages
+        after = _used_memory(index)
+        result["index_bytes_per_page"] = (after[0] - before[0]) / pages
+        if index.records is not None:
+            result["records_bytes_per_page"] = (after[1] - before[1]) / pages
         result["round_trips_per_batch"] = index.round_trips / -(-pages // batch)
+        result["breakdown"] = _breakdown([c for c in (index.client, index.records) if c],
+                                         pages)
         index.close()
     else:
         result["index_bytes_per_page"] = index.stats()["index_bytes_per_page"]
@@ -106,27 +143,32 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pages", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--backends", nargs="+", default=["memory", "lsm"],
-                        choices=["memory", "lsm", "redis"])
+                        choices=["memory", "lsm", "redis", "redis+store"])
     parser.add_argument("--redis-url", default="redis://127.0.0.1:7000",
                         help="redis: a node of an EMPTY Redis it may flush (deploy/redis-local)")
+    parser.add_argument("--redis-records-url", default="redis://127.0.0.1:7999",
+                        help="redis+store: another EMPTY Redis it may flush, for the records")
     parser.add_argument("--batch", type=int, default=500, help="pages per commit (500)")
     parser.add_argument("--dup-share", type=float, default=0.2)
     parser.add_argument("--tmp", default=None, help="where the LSM directory goes")
     args = parser.parse_args()
     print(f"# {' '.join(sys.argv)}  (nproc={os.cpu_count()}, python {sys.version.split()[0]})")
     print(f"{'backend':<8} {'pages':>10} {'seconds':>9} {'pages/s':>10} "
-          f"{'index B/page':>13} {'dir B/page':>11} {'trips/batch':>12}")
+          f"{'index B/page':>13} {'dir B/page':>11} {'records B/page':>15} "
+          f"{'trips/batch':>12}  bytes a page by kind of key (Redis)")
     for pages in args.pages:
         for backend in args.backends:
             tmp = Path(tempfile.mkdtemp(dir=args.tmp))
             try:
-                r = run(backend, pages, args.batch, args.dup_share, 7, tmp, args.redis_url)
+                r = run(backend, pages, args.batch, args.dup_share, 7, tmp, args.redis_url,
+                        args.redis_records_url)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
+            kinds = "  ".join(f"{k} {b:.1f}" for k, b in r["breakdown"].items())
             print(f"{r['backend']:<8} {r['pages']:>10,} {r['seconds']:>9.1f} "
                   f"{r['pages_per_s']:>10,.0f} {r['index_bytes_per_page']:>13.1f} "
-                  f"{r['dir_bytes_per_page']:>11.1f} {r['round_trips_per_batch']:>12.1f}",
-                  flush=True)
+                  f"{r['dir_bytes_per_page']:>11.1f} {r['records_bytes_per_page']:>15.1f} "
+                  f"{r['round_trips_per_batch']:>12.1f}  {kinds}", flush=True)
     return 0
 
 

@@ -130,9 +130,10 @@ def test_redis_index_with_a_records_store_gives_the_golden_decisions(
     index, records = connect(redis_url), connect(redis_single_url)
     assert isinstance(index, RedisCluster)
     kept = int(index.get(b"stream-dedup:pages"))
-    held = [k for k in records.scan_iter(count=1000)]
+    held = list(records.scan_iter(count=1000))
     assert kept > 100 and len(held) == kept  # one record a kept page, every one there
     assert all(b"}D" in k for k in held)
-    assert not any(b"}D" in k for k in index.scan_iter(count=1000, target_nodes=RedisCluster.PRIMARIES))
+    primaries = RedisCluster.PRIMARIES
+    assert not any(b"}D" in k for k in index.scan_iter(count=1000, target_nodes=primaries))
     index.close()
     records.close()

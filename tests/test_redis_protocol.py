@@ -33,10 +33,17 @@ def analysis(url: str, text: str) -> Analysis:
                                            (("Content-Type", "text/html"),)))
 
 
-@pytest.fixture
-def two(redis_url: str) -> Iterator[tuple[RedisIndex, RedisIndex]]:
+@pytest.fixture(params=["records in the index", "records in a store"])
+def two(redis_url: str, request: pytest.FixtureRequest
+        ) -> Iterator[tuple[RedisIndex, RedisIndex]]:
+    """Two instances on one index; the verification records in its Redis, or in another
+    (--redis-records-url: a single Redis here)."""
     flush_redis(redis_url)
-    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp) for _ in range(2))
+    store = ""
+    if request.param == "records in a store":
+        store = request.getfixturevalue("redis_single_url")
+        flush_redis(store)
+    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, records_url=store) for _ in range(2))
     yield a, b
     a.close()
     b.close()
@@ -83,6 +90,9 @@ def test_a_younger_page_that_read_first_is_flagged_and_decides_again(two) -> Non
     assert not claim(b, YOUNG_PAGE, YOUNG, young), "the flag must stop this keep"
     again = finish(b, YOUNG_PAGE, YOUNG)
     assert (again.decision.decision, again.decision.duplicate_of.page_id) == ("drop", OLD)
+    if b.records is not None:  # young's record, written for the lost keep, went with the drop
+        assert b.records.get(b.layout.doc_key(YOUNG)) is None
+        assert b.records.get(b.layout.doc_key(OLD)) is not None
 
 
 def test_a_page_that_sees_an_older_one_pending_waits_for_it(two) -> None:  # type: ignore[no-untyped-def]

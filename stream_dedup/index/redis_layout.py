@@ -180,11 +180,9 @@ while i <= n do
   for j = i + 3, last do
     local key = ARGV[j]
     local bucket, field = split(key)
-    local v = redis.call('HGET', bucket, field)
-    if not v then  -- (most keys: new) it holds only this page
-      redis.call('HSET', bucket, field, at == 0 and 'n' .. m or 'e' .. m .. be32(at))
-    else
-      local ids, exps = members(v)
+    -- Most keys are new: then it holds only this page (one search of the bucket)
+    if redis.call('HSETNX', bucket, field, at == 0 and 'n' .. m or 'e' .. m .. be32(at)) == 0 then
+      local ids, exps = members(redis.call('HGET', bucket, field))
       local x = #ids + 1
       while x > 1 and not older(ids[x - 1], m) do x = x - 1 end
       if ids[x] == m then
@@ -278,13 +276,16 @@ local out = {}
 for i = 2, #ARGV, 2 do
   local bucket, field = split(ARGV[i])
   local at = tonumber(ARGV[i + 1])
-  local v = record(redis.call('HGET', bucket, field))
+  local pending = 'P' .. be32(at) .. lease
+  local found = redis.call('HSETNX', bucket, field, pending) == 0  -- (most: absent, now PENDING)
+  local v = found and record(redis.call('HGET', bucket, field))
   local s = v and string.sub(v, 1, 1) or ''
   if s == 'K' or s == 'D' then
     out[#out + 1] = {s, string.sub(v, 6)}
-  else  -- a flag stays: the page must read again before it may be kept
-    local flag = s == 'P' and string.sub(v, -1) == 'f' and 'f' or ''
-    redis.call('HSET', bucket, field, 'P' .. be32(at) .. lease .. flag)
+  else
+    if found then  -- pending (a flag stays: it must read again before it may be kept), or gone
+      redis.call('HSET', bucket, field, pending .. (v and string.sub(v, -1) == 'f' and 'f' or ''))
+    end
     if at ~= 0 then
       expire(bucket, at)
       sweep(bucket, true)

@@ -198,3 +198,17 @@ def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
     time.sleep(3.0)
     assert first_with(short, RAW, 11) is None  # forgotten: a copy now would be kept
     short.close()
+
+
+def test_an_index_is_opened_only_with_the_parameters_it_was_made_with(redis_url: str) -> None:
+    """Sketch parameters and buckets are part of the index: another value of either would
+    put entries where no instance looks for them."""
+    from stream_dedup.errors import IndexMismatchError
+
+    flush_redis(redis_url)
+    RedisIndex(redis_url, 1, buckets=64).close()
+    RedisIndex(redis_url, 1, buckets=64).close()  # the same: fine
+    with pytest.raises(IndexMismatchError, match="--redis-buckets 64 .*give 128"):
+        RedisIndex(redis_url, 1)
+    with pytest.raises(IndexMismatchError, match="other sketch parameters"):
+        RedisIndex(redis_url, 2, buckets=64)

@@ -4,7 +4,7 @@ docs/scale-out.md; in short:
 
     register   every page of a batch: its record goes from absent to PENDING (with a
                lease); then, in the next round trip,
-    join       each page's id joins the sorted set of each of its keys (raw fingerprint,
+    join       each page's id joins the set of each of its keys (raw fingerprint,
                canonical fingerprint, each feature), and the set is read in the same
                script call: of two pages sharing a key, the one joining later sees the
                other, whose record is PENDING at least. Then the record of every member
@@ -15,8 +15,8 @@ docs/scale-out.md; in short:
                    again before it may be kept;
                  PENDING and older -> this page waits (it is decided in a later round);
     claim      a keep is a script on the page's own record: PENDING, unflagged and within
-               its lease -> KEEP (with its verification record), else the page is decided
-               again; a drop is recorded, and its id leaves its keys.
+               its lease -> KEEP (its verification record written before or with it), else
+               the page is decided again; a drop is recorded, and its id leaves its keys.
 
 What is stored where, and the scripts the server runs: redis_layout.py.
 """

@@ -10,8 +10,10 @@ tag (fixed when the index is made), each a compact listpack of a few dozen field
 
     {n}S<bucket>  hash; field <feature> (8 bytes), or r/c + <raw/canonical fp> (9): the ids
                   of the pages that have it, sorted (a page's "key": a set of ids)
-    {n}P<bucket>  hash; field <id>: the page's state (record_state), and its decision once final
-    {n}D<id>      string: a kept page's verification record (encode_doc), ~600 bytes
+    {n}P<bucket>  hash; field <id>: the page's state and expiry, then its lease or (final)
+                  its decision (see _COMMON)
+    {n}D<id>      string: a kept page's verification record (encode_doc), ~600 bytes; in
+                  the index's Redis or in a records store (redis.py)
     stream-dedup:stamp  "<sketch stamp>:<SHARDS>:<FORMAT>:<buckets>"
     stream-dedup:pages  pages kept
 
@@ -19,7 +21,7 @@ The client names an entry by one *key* string, `{n}S<bucket, 3 bytes><field>` (o
 a script splits in two; its hash tag routes it like any key. With retention an entry
 carries its own expiry (Redis 7.0 cannot expire a hash's fields): one past it reads as
 absent, leaves when its field is written, and a bucket drops all of its own at most every
-SWEEP_S (a field `~` holds when next); a bucket expires with its newest entry.
+SWEEP_S (its field `~` holds when next); a bucket expires with its newest entry.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from .config import ENV_PREFIX, Settings
 from .core import theory
 from .core.sketch import FAMILIES
 from .errors import ConfigError, StreamDedupError
+from .table_cache import load_tables
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -230,6 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
     from .service import serve
 
     _logging(args.log_level)
+    load_tables()
     faults = Faults.parse(args.crash_at, exit=True) if args.crash_at else None
     return asyncio.run(serve(_settings(args), faults=faults))
 
@@ -278,6 +280,7 @@ def _replay(args: argparse.Namespace) -> int:
         return _bad_inputs(stats.unreadable, args.allow_bad_inputs)
     from .pipeline import Deduplicator
 
+    load_tables()
     metrics = None
     if args.http_port:
         from .metrics import Metrics

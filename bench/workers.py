@@ -72,7 +72,9 @@ def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path 
                "--summary-json", summary.name]
         env = dict(os.environ, PYTHONPATH=str(code))
         started = time.perf_counter()
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
+        # From within the checkout: `python -m` puts the working directory first on the
+        # path, so from another checkout's root that checkout's code would run instead.
+        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=code)
         wall = time.perf_counter() - started
         s = json.loads(Path(summary.name).read_text())
     return s["seconds"], wall, s["pages"]

@@ -290,11 +290,12 @@ class UnitSource(PageRecords):
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]], analyzer: Analyzer,
                  pool: AnalysisPool | None, stats: SourceStats | None = None, *,
-                 unit_bytes: int = UNIT_BYTES) -> None:
+                 unit_bytes: int | None = None) -> None:
         self.stats = stats if stats is not None else SourceStats()
         self.analyzer = analyzer
         self.pool = pool
-        self._plan = plan_units(paths, self.stats, unit_bytes)
+        self._plan = plan_units(paths, self.stats, unit_bytes or UNIT_BYTES)
+        self._lost_pools: list[WorkerPool] = []  # the broken executors already handled
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
         self._memo: OrderedDict[int, Row] = OrderedDict()
@@ -400,6 +401,9 @@ class UnitSource(PageRecords):
         """A worker died: its pool is forgotten, new processes start in the background, and
         every unit the old ones held and did not send back is read again (here meanwhile)."""
         assert self.pool is not None
+        if any(e is executor for e in self._lost_pools):
+            return
+        self._lost_pools.append(executor)
         lost = 0
         for slot in self._slots:
             if slot.task is not None and slot.task[0] is executor and slot.result is None:

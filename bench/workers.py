@@ -116,13 +116,16 @@ def decide_ceiling(settings: Settings, pages: list[Page], free: Precomputed,
 
 
 def replay_ceiling(settings: Settings, files: Sequence[Path], free: Precomputed) -> float:
-    """Pages/s of the replay call (runner, reading, writing) when analysis costs nothing."""
+    """Pages/s of the replay call (runner, reading, writing) when analysis costs nothing,
+    all in this process: the FileSource path (reading here), not the worker-read units of
+    a large replay, whose readers would then analyse for real."""
     import stream_dedup.replay as replay_module
 
     best = float("inf")
     pages = 0
-    made = replay_module.AnalysisPool
+    made, early = replay_module.AnalysisPool, replay_module.EARLY_START_BYTES
     replay_module.AnalysisPool = lambda s, w: free  # type: ignore[assignment,misc,return-value]
+    replay_module.EARLY_START_BYTES = 1 << 62
     try:
         for _ in range(3):
             started = time.perf_counter()
@@ -130,6 +133,7 @@ def replay_ceiling(settings: Settings, files: Sequence[Path], free: Precomputed)
             best = min(best, time.perf_counter() - started)
     finally:
         replay_module.AnalysisPool = made  # type: ignore[misc]
+        replay_module.EARLY_START_BYTES = early
     return pages / best
 
 

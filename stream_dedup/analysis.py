@@ -130,6 +130,13 @@ def _worker_init(settings: Settings, tables: tuple[str, np.ndarray, np.ndarray, 
     _WORKER = Analyzer(settings)
 
 
+def worker_analyzer() -> Analyzer:
+    """The Analyzer of this worker process (only in an AnalysisPool's processes)."""
+    if _WORKER is None:
+        raise RuntimeError("only an AnalysisPool's worker processes have a worker Analyzer")
+    return _WORKER
+
+
 def _worker_ready() -> None:
     """A no-op task: submitting one per process starts them all."""
 
@@ -256,6 +263,14 @@ class AnalysisPool:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+    def executor(self) -> WorkerPool | None:
+        """The worker processes, once they take tasks (None before, or after a break)."""
+        return self._executor if self._ready.is_set() else None
+
+    def broken(self, executor: WorkerPool) -> None:
+        """`executor` broke (BrokenProcessPool): forget it; `start()` starts new processes."""
+        self._broken(executor)
 
     def _broken(self, executor: WorkerPool) -> None:
         """Forget a broken process pool; the next batch starts new processes."""

@@ -67,6 +67,9 @@ class Analysis:
     error: PageError | None = None
     canonical_s: float = 0.0  # seconds in decode + extract + canonicalize
     sketch_s: float = 0.0  # seconds in shingles + sketch + features + LD signature (0: not run)
+    # The body's length, when the page comes without its body (read and analysed in a
+    # worker process: the body need not cross back); None: len(page.body).
+    body_bytes: int | None = None
 
 
 @dataclass(slots=True)

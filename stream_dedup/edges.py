@@ -24,6 +24,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from .decide import Analysis
 from .index.base import FeatureIndex, Plan
 from .models import Decision, Page, Rejected
 
@@ -37,6 +38,9 @@ class Batch:
     positions: dict[str, int] = field(default_factory=dict)  # stream -> next position
     plan: Plan = field(default_factory=list)  # (stream, first, end) in decide order
     received: float = field(default_factory=time.time)
+    # The records' analyses, when the source made them (files read and analysed in worker
+    # processes, sources/units.py): analyses[i] is records[i]'s (None: a reject, or none).
+    analyses: list[Analysis | None] | None = None
 
     @classmethod
     def of(cls, entries: Iterable[tuple[str, int, Any]], received: float | None = None) -> Batch:

@@ -171,7 +171,7 @@ class Deduplicator:
 
     def check_batch(
         self, items: Sequence[Page | Rejected], pool: AnalysisPool | None = None, *,
-        redeliveries: bool = True,
+        redeliveries: bool = True, analysed: Sequence[Analysis | None] | None = None,
     ) -> list[Decision]:
         """Decisions for a batch, in order; the pure stages may run in `pool`, an
         AnalysisPool built with this Deduplicator's Settings (anything else is refused: a
@@ -181,7 +181,11 @@ class Deduplicator:
         `redeliveries`: the items may be records delivered before (Kafka), so a page whose
         `source` and body were decided already gets that decision again. False for a source
         that never delivers a record twice (files): there a page seen before is a duplicate
-        (or, read in a second replay, a page of the index), and nothing is remembered."""
+        (or, read in a second replay, a page of the index), and nothing is remembered.
+
+        `analysed[i]`, if given and not None: the analysis of `items[i]` (`Analyzer.analyze`
+        of it, made where the page was read: a worker process), which is then not analysed
+        again; the page may come without its body (`Analysis.body_bytes`)."""
         if pool is not None:
             self._check_pool(pool)
         out: list[Decision | None] = [None] * len(items)
@@ -189,25 +193,28 @@ class Deduplicator:
         fresh = [True] * len(items)  # False: delivered again, answered as before
         pages: list[tuple[int, Page]] = []
         fps: list[int] = []
+        ready: list[Analysis | None] = []  # the given analysis of each of `pages`
         with self.lock:
             for i, item in enumerate(items):
                 if isinstance(item, Rejected):
                     out[i] = Decision(item.url, "reject", item.kind, error=item.message,
                                       source=item.source)
                     continue
-                fp = raw_fingerprint(item.body)
+                given = analysed[i] if analysed is not None else None
+                fp = raw_fingerprint(item.body) if given is None else given.raw_fp
                 out[i] = self._seen(item, fp) if redeliveries else None
                 fresh[i] = out[i] is None
                 if fresh[i]:
                     pages.append((i, item))
                     fps.append(fp)
+                    ready.append(given)
             ids = self._ids([p for _, p in pages])
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
             stored = self.index.stored(fps)
-        analyses = self._analyse([p for _, p in pages], fps, stored, pool)
+        analyses = self._analyse([p for _, p in pages], fps, stored, pool, ready)
         with self.lock:
             try:
-                self._decide(pages, ids, analyses, out, times, fresh)
+                self._decide(pages, ids, analyses, out, times, fresh, ready)
             except IndexUnavailable:
                 # The same pages will come again (the runner retries the batch): they keep
                 # their ids, or a shared index would see them as other pages than the ones
@@ -220,8 +227,11 @@ class Deduplicator:
             for i, (item, d, t, new) in enumerate(zip(items, out, times, fresh, strict=True)):
                 assert d is not None
                 if new:
-                    body = item.raw or b"" if isinstance(item, Rejected) else item.body
-                    self._record(d, len(body), t, remember.get(i))
+                    given = analysed[i] if analysed is not None else None
+                    nbytes = (len(item.raw or b"") if isinstance(item, Rejected)
+                              else len(item.body) if given is None or given.body_bytes is None
+                              else given.body_bytes)
+                    self._record(d, nbytes, t, remember.get(i))
             self.observer.batch(self.index)
         return [d for d in out if d is not None]
 
@@ -248,12 +258,13 @@ class Deduplicator:
                              f"analyses would decide differently")
 
     def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
-                 pool: AnalysisPool | None) -> list[Analysis]:
-        """Each distinct body analysed once (shared with `pool` if given); a copy of a
-        stored page only fingerprinted."""
+                 pool: AnalysisPool | None, ready: list[Analysis | None]) -> list[Analysis]:
+        """Each distinct body analysed once (shared with `pool` if given) unless its
+        analysis is `ready`; a copy of a stored page only fingerprinted (as if none were
+        ready: it takes the same path)."""
         todo: dict[int, Page] = {}
-        for page, fp, is_stored in zip(pages, fps, stored, strict=True):
-            if not is_stored:
+        for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
+            if not is_stored and given is None:
                 todo.setdefault(fp, page)
         bodies = list(todo.values())
         if pool is None:
@@ -262,8 +273,8 @@ class Deduplicator:
             done = pool.analyse(self.analyzer, bodies)
         by_fp = {a.raw_fp: a for a in done}
         out = []
-        for page, fp in zip(pages, fps, strict=True):
-            a = by_fp.get(fp)
+        for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
+            a = by_fp.get(fp) if given is None or is_stored else given
             if a is None:
                 out.append(Analysis(page, fp))
             else:
@@ -271,7 +282,8 @@ class Deduplicator:
         return out
 
     def _decide(self, pages: list[tuple[int, Page]], ids: list[int], analyses: list[Analysis],
-                out: list[Decision | None], times: list[StageTimes], fresh: list[bool]) -> None:
+                out: list[Decision | None], times: list[StageTimes], fresh: list[bool],
+                ready: list[Analysis | None]) -> None:
         """Ask the index, decide, claim; again for the pages whose claims were lost."""
         for (i, _), a in zip(pages, analyses, strict=True):
             if a.error is not None:
@@ -314,7 +326,9 @@ class Deduplicator:
             todo = later
             for (k, _), v, ok in zip(live, verdicts, won, strict=True):
                 if v.decision is None:  # only fingerprinted, and the stored copy is gone
-                    analyses[k] = self.analyzer.analyze(analyses[k].page)
+                    given = ready[k]
+                    analyses[k] = (self.analyzer.analyze(analyses[k].page) if given is None
+                                   else given)
                     ok = False
                 if not ok:
                     todo.append(k)

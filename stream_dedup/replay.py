@@ -25,11 +25,13 @@ from .pipeline import AnalysisPool, Deduplicator
 from .runner import Runner
 from .sinks import FileSink, Writer
 from .sources.files import FileSource
+from .sources.units import UnitSource
 
 log = logging.getLogger("stream_dedup")
-# Inputs of at least this many bytes on disk start the analysis processes at once, so that
-# they boot (~0.3 s on another core) while the first batch is read; a smaller replay starts
-# them only if a batch turns out to have MIN_POOL_PAGES pages to analyse (analysis.py).
+# Inputs of at least this many bytes on disk start the analysis processes at once (they
+# boot, ~0.4 s of another core, while this process reads the first units) and are read by
+# them (sources/units.py); a smaller replay is read here and starts them only if a batch
+# turns out to have MIN_POOL_PAGES pages to analyse (analysis.py).
 EARLY_START_BYTES = 16 << 20
 
 
@@ -112,7 +114,6 @@ def replay(
     settings = settings or Settings()
     owned = dedup is None
     dedup = dedup or Deduplicator(settings, observer=metrics)
-    source = FileSource([Path(p) for p in paths])
     summary = ReplaySummary()
     started = time.perf_counter()
     bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
@@ -125,10 +126,14 @@ def replay(
                         refresh=False)
 
     pool = AnalysisPool(dedup.settings, workers) if workers > 1 else None
+    source: FileSource | UnitSource = FileSource([Path(p) for p in paths])
     if pool is not None:
         size = _input_bytes(paths)
         if size >= EARLY_START_BYTES:
+            # The processes read and analyse units of the input themselves (units.py);
+            # until they are up, this process reads every unit.
             pool.start()
+            source = UnitSource([Path(p) for p in paths], dedup.analyzer, pool)
         else:
             log.info("replay of %.1f MB: the %d analysis worker process(es) start only for a "
                      "batch of enough pages (small inputs are analysed in this process)",

@@ -49,6 +49,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from .config import Settings
+from .decide import Analysis
 from .edges import Batch, Faults, Sink, Source
 from .errors import IndexUnavailable, StreamDedupError
 from .metrics import Metrics
@@ -237,14 +238,17 @@ class Runner:
         items = [self.source.item(record) for record in batch.records]
         if batch.plan:
             self.dedup.begin(batch.plan)
-        return items, self._check(items)
+        return items, self._check(items, batch.analyses)
 
-    def _check(self, items: list[Page | Rejected]) -> list[Decision]:
+    def _check(self, items: list[Page | Rejected],
+               analysed: list[Analysis | None] | None = None) -> list[Decision]:
         """check_batch; if it raises, the pages one at a time, and a page that raises is an
-        `internal-error` reject (it replaces the page in `items`)."""
+        `internal-error` reject (it replaces the page in `items`). `analysed`: the batch's
+        analyses, if its source made them (Batch.analyses)."""
         try:
             return self.dedup.check_batch(items, self.pool,
-                                          redeliveries=self.source.redelivers)
+                                          redeliveries=self.source.redelivers,
+                                          analysed=analysed)
         except StreamDedupError:
             raise  # the index cannot answer, or cannot be written: not one page's fault
         except BrokenProcessPool:
@@ -260,7 +264,8 @@ class Runner:
             try:
                 decisions.append(self.dedup.reject(item) if isinstance(item, Rejected)
                                  else self.dedup.check_batch(
-                                     [item], redeliveries=self.source.redelivers)[0])
+                                     [item], redeliveries=self.source.redelivers,
+                                     analysed=None if analysed is None else [analysed[i]])[0])
             except StreamDedupError:
                 raise
             except Exception as exc:

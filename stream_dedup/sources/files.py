@@ -18,6 +18,7 @@ import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -67,8 +68,30 @@ def iter_inputs(
         yield item
 
 
+@dataclass(frozen=True, slots=True)
+class Input:
+    """A file to read: its path, the name its sources carry (as given), its reader."""
+
+    path: Path
+    name: str
+    kind: InputKind
+
+
 def _inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
             ) -> Iterator[Page | Rejected]:
+    for planned in plan_inputs(paths, stats):
+        if isinstance(planned, Rejected):
+            yield planned
+        elif planned.kind == "archive":
+            yield from iter_archive(planned.path, stats, name=planned.name)
+        else:
+            yield from iter_jsonl(planned.path, stats, name=planned.name)
+
+
+def plan_inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
+                ) -> Iterator[Input | Rejected]:
+    """The files to read, in order, each once, with its reader; an "unreadable-file"
+    Rejected in the place of one that cannot be read (not yet noted in stats.unreadable)."""
     # A file by device and inode (symlinks and hard links included) -> the name it was
     # first given as.
     first_given: dict[tuple[int, int], str] = {}
@@ -93,10 +116,8 @@ def _inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
         except OSError as exc:
             yield _unreadable(stats, path, str(exc))
             continue
-        if kind == "archive":
-            yield from iter_archive(path, stats, name=str(item))
-        elif kind == "jsonl":
-            yield from iter_jsonl(path, stats, name=str(item))
+        if kind is not None:
+            yield Input(path, str(item), kind)
         else:
             yield _unreadable(
                 stats,

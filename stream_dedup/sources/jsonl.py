@@ -188,6 +188,39 @@ def iter_jsonl(
         )
 
 
+def iter_jsonl_range(
+    path: str | os.PathLike[str], start: int, end: int, first_line: int,
+    stats: SourceStats, *, name: str,
+) -> Iterator[Page | Rejected]:
+    """`iter_jsonl` of the lines of a plain (not gzipped) JSONL file that start in bytes
+    [start, end): `start` is 0 or just after a newline, `first_line` the number of the
+    line there (what `iter_jsonl` would count). The range that starts the file counts the
+    file in `stats`."""
+    path = Path(path)
+    if start == 0:
+        stats.files += 1
+    lineno = first_line - 1
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read(end - start)
+            if data and not data.endswith(b"\n"):  # the range's last line goes on past `end`
+                data += fh.readline()
+        lines = data.split(b"\n")  # only at b"\n", as iterating over the file splits
+        if lines[-1] == b"":
+            lines.pop()
+        for lineno, line in enumerate(lines, first_line):
+            if line.strip():
+                yield _item(line.rstrip(b"\r\n"), f"{name}#{lineno}", stats)
+    except OSError as exc:
+        yield _reject(
+            stats,
+            "unreadable-file",
+            f"cannot read {path}{f' after line {lineno}' if lineno else ''}: {exc}",
+            f"{name}#{lineno + 1}",
+        )
+
+
 def _item(line: bytes, source: str, stats: SourceStats) -> Page | Rejected:
     stats.records += 1
     try:

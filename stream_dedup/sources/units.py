@@ -1,0 +1,427 @@
+"""`replay --workers N` over files: the worker processes read and analyse, this process
+decides. The replay source for inputs worth a pool (replay.py: EARLY_START_BYTES or more).
+
+    this process                                      worker processes (AnalysisPool)
+    the inputs -> units, in input order:
+      an archive or a gzipped file: one unit;
+      plain JSONL: ranges of ~UNIT_BYTES cut at
+      line ends (line numbers counted here)
+    keeps QUEUED_PER_PROCESS (6) units a process ───>  read the unit (files.py readers),
+      submitted, the earliest not taken first          analyse its pages; send back the
+    reads and analyses the earliest unit nobody        pages without their bodies, the
+      has taken itself, while the one due is not       analyses, and the readers' counts
+      back (it never idles while units wait)    <────
+    hands out batches of items + analyses, in input order -> runner.py -> pipeline.py
+
+Why: a page sent to a worker as a Page and its Analysis sent back cost this process ~60-80
+µs a page, and reading (gunzip, WARC parsing, base64 of JSONL bodies) ~450 µs a corpus
+page; both were in the one process whose core also decides, which held `--workers 2` to
+1.0-1.1x. Here the unit's description goes out (a path and a range) and the bodies never
+come back; what this process does per page a worker analysed is unpickling its analysis
+and deciding it.
+
+Decisions do not change: the same readers make the same pages (same `source`, same
+rejects), every analysis is `Analyzer.analyze` of the page, and the runner decides the
+items in input order as it does any batch (Deduplicator.check_batch, `analysed`). A body
+seen before in the same process is not analysed again (its analysis is copied): the
+calling thread skips exact copies of stored pages, and a worker should not do more.
+A worker that dies breaks the pool: the units it held are read again (here, or by new
+processes), so no page is lost and none comes twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer
+from stream_dedup.decide import Analysis
+from stream_dedup.edges import Batch, PageRecords
+from stream_dedup.models import Page, Rejected
+from stream_dedup.sources.files import Input, plan_inputs
+from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range
+from stream_dedup.sources.warc import SourceStats, iter_archive
+
+if TYPE_CHECKING:
+    from stream_dedup.analysis import AnalysisPool
+    from stream_dedup.workers import WorkerPool
+
+log = logging.getLogger("stream_dedup.replay")
+
+# A plain JSONL file is cut into ranges of about this many bytes (at line ends): small
+# enough that the two ends of a replay meet within a fraction of a second, large enough
+# that a unit's fixed cost (a future, a pipe round trip, planning) stays small.
+UNIT_BYTES = 1 << 20
+# Units planned ahead of the one due (submitted, done here, or waiting): bounds the
+# results held in memory.
+AHEAD_UNITS = 16
+# Units kept submitted per worker process. More than the two a batch's tasks keep
+# (analysis.py): a finished unit is noticed only when this process's result thread gets
+# the GIL, which the thread analysing here holds for up to a switch interval (5 ms) at a
+# time, and a unit of JSONL is ~7 ms of a worker's work.
+# 6 measured against 2 and 12: 1.76-1.91 s against 2.07-2.36 and 2.43-2.73 (synthetic).
+QUEUED_PER_PROCESS = 6
+# Bodies whose analysis a process remembers, so that a copy is not analysed again.
+REMEMBERED = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """A file, or the lines of a plain JSONL file starting in bytes [start, end)."""
+
+    path: Path
+    name: str
+    kind: str  # "archive", "jsonl" (a whole file, gzipped or not) or "jsonl-range"
+    start: int = 0
+    end: int = 0
+    first_line: int = 1
+
+
+@dataclass(slots=True)
+class UnitResult:
+    items: list[Page | Rejected]
+    analyses: list[Analysis | None]
+    stats: SourceStats = field(default_factory=SourceStats)
+
+
+def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
+               unit_bytes: int = UNIT_BYTES) -> Iterator[Unit | Rejected]:
+    """The inputs as units, in input order; an unreadable input as its Rejected (counted
+    in `stats`, as FileSource counts it)."""
+    for planned in plan_inputs(paths, stats):
+        if isinstance(planned, Rejected) or planned.kind == "archive":
+            yield planned if isinstance(planned, Rejected) else Unit(
+                planned.path, planned.name, "archive")
+        else:
+            yield from _jsonl_units(planned, unit_bytes)
+
+
+def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
+    """A gzipped JSONL file whole; a plain one in ranges cut after a newline, each with
+    the number of its first line (iter_jsonl counts every line, blank ones too). The lines
+    are found in a map of the file, not read: ~3 µs a 27 KB line."""
+    whole = Unit(planned.path, planned.name, "jsonl")
+    try:
+        with open(planned.path, "rb") as fh:
+            gzipped = fh.read(2) == b"\x1f\x8b"
+            size = os.fstat(fh.fileno()).st_size
+            view = None if gzipped or size == 0 else mmap.mmap(fh.fileno(), 0,
+                                                                access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        view = None
+        gzipped = True  # its reader reports why it cannot be read
+    if gzipped or view is None:
+        yield whole
+        return
+    with view:
+        start, line, at, lines = 0, 1, 0, 0
+        while at < size:
+            nl = view.find(b"\n", at)
+            at = size if nl < 0 else nl + 1
+            lines += 1
+            if at - start >= unit_bytes or at >= size:
+                yield Unit(planned.path, planned.name, "jsonl-range", start, at, line)
+                start, line, lines = at, line + lines, 0
+
+
+def read_unit(unit: Unit, analyzer: Analyzer, memo: OrderedDict[int, Row], *,
+              tick: Callable[[], None] | None = None) -> UnitResult:
+    """The unit's items (what FileSource reads there), each page's analysis, and the
+    readers' counts. `tick` is called after each page."""
+    out = UnitResult([], [])
+    for item in _items(unit, out.stats):
+        if isinstance(item, Rejected):
+            out.items.append(item)
+            out.analyses.append(None)
+            continue
+        out.items.append(item)
+        out.analyses.append(Analysis(item, *_row(item, analyzer, memo)))
+        if tick is not None:
+            tick()
+    return out
+
+
+def _items(unit: Unit, stats: SourceStats) -> Iterator[Page | Rejected]:
+    if unit.kind == "archive":
+        items = iter_archive(unit.path, stats, name=unit.name)
+    elif unit.kind == "jsonl":
+        items = iter_jsonl(unit.path, stats, name=unit.name)
+    else:
+        items = iter_jsonl_range(unit.path, unit.start, unit.end, unit.first_line, stats,
+                                 name=unit.name)
+    for item in items:
+        if isinstance(item, Rejected) and item.kind == "unreadable-file":
+            stats.unreadable.append(item.message)
+        yield item
+
+
+# An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,
+# features, ld_signature, error, canonical_s, sketch_s).
+Row = tuple[Any, ...]
+
+
+def _row(page: Page, analyzer: Analyzer, memo: OrderedDict[int, Row]) -> Row:
+    fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
+    seen = memo.get(fp)
+    if seen is not None:
+        memo.move_to_end(fp)
+        return seen
+    a = analyzer.analyze(page)
+    row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
+           a.ld_signature, a.error, a.canonical_s, a.sketch_s)
+    memo[fp] = row  # not the page: a few KB an entry, not the body's ~90
+    if len(memo) > REMEMBERED:
+        memo.popitem(last=False)
+    return row
+
+
+@dataclass(slots=True)
+class Packed:
+    """A unit's result as a worker sends it: no Page or Analysis objects, no bodies, the
+    sketches and features of all its pages in one buffer each (pickling each page's
+    objects cost ~18 µs a page there and ~20 here; this, a few)."""
+
+    items: list[Rejected | tuple[Any, ...]]  # a page: (url, headers, fetched_at, status,
+    #                                          source, position, body bytes)
+    rows: list[Row | None]  # sketch True (in `sketches`, features in `features`) or None
+    sketches: bytes
+    features: bytes
+    sketch_dtype: str
+    sketch_width: int
+    stats: SourceStats
+
+
+_MEMO: OrderedDict[int, Row] = OrderedDict()  # a worker process's
+
+
+def _worker_read(unit: Unit) -> Packed:
+    """In a worker process: the unit read and analysed, packed."""
+    analyzer = worker_analyzer()
+    stats = SourceStats()
+    items: list[Rejected | tuple[Any, ...]] = []
+    rows: list[Row | None] = []
+    sketches: list[np.ndarray] = []
+    features: list[np.ndarray] = []
+    for item in _items(unit, stats):
+        if isinstance(item, Rejected):
+            items.append(item)
+            rows.append(None)
+            continue
+        items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
+                      item.position, len(item.body)))
+        row = _row(item, analyzer, _MEMO)
+        if row[4] is not None:  # in the buffers: marked True
+            sketches.append(row[4])
+            features.append(row[5])
+            row = (*row[:4], True, None, *row[6:])
+        rows.append(row)
+    sk = np.concatenate(sketches) if sketches else np.zeros(0, np.uint32)
+    width = sketches[0].shape[0] if sketches else 0
+    ft = np.concatenate(features) if features else np.zeros(0, np.uint64)
+    return Packed(items, rows, sk.tobytes(), ft.tobytes(), sk.dtype.str, width, stats)
+
+
+def unpack(packed: Packed) -> UnitResult:
+    """A worker's result as items (pages without bodies) and their analyses."""
+    out = UnitResult([], [], packed.stats)
+    sketches = np.frombuffer(packed.sketches, packed.sketch_dtype)
+    features = np.frombuffer(packed.features, np.uint64)
+    if packed.sketch_width:
+        sketches = sketches.reshape(-1, packed.sketch_width)
+        features = features.reshape(sketches.shape[0], -1)
+    k = 0
+    for item, row in zip(packed.items, packed.rows, strict=True):
+        if row is None:
+            assert isinstance(item, Rejected)
+            out.items.append(item)
+            out.analyses.append(None)
+            continue
+        assert isinstance(item, tuple)
+        url, headers, fetched_at, status, source, position, size = item
+        page = Page(url, b"", headers, fetched_at, status, source, position)
+        raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s = row
+        if sk is True:
+            sk, ft = sketches[k], features[k]
+            k += 1
+        out.items.append(page)
+        out.analyses.append(Analysis(page, raw_fp, canonical_fp, text_length, shingle_count,
+                                     sk, ft, sig, error, c_s, s_s, size))
+    return out
+
+
+def merge_stats(into: SourceStats, more: SourceStats) -> None:
+    into.files += more.files
+    into.records += more.records
+    into.pages += more.pages
+    into.non_2xx += more.non_2xx
+    into.skipped.update(more.skipped)
+    into.rejected.update(more.rejected)
+    into.unreadable.extend(more.unreadable)
+    into.repeated.extend(more.repeated)
+
+
+@dataclass(slots=True)
+class _Slot:
+    unit: Unit | None  # None: `result` was ready when planned (an unreadable input)
+    task: tuple[WorkerPool, Future[Packed]] | None = None
+    result: UnitResult | None = None
+    here: bool = False  # being read in this process
+
+    @property
+    def free(self) -> bool:
+        """Nobody has taken it yet."""
+        return self.unit is not None and self.task is None and self.result is None \
+            and not self.here
+
+
+class UnitSource(PageRecords):
+    """FileSource's pages and rejects, in the same order, each page with its analysis
+    (Batch.analyses), read and analysed by `pool`'s processes and this one (see the
+    module's docstring). Without a ready pool every unit is read here."""
+
+    redelivers = False
+    live = False
+    reads_ahead = True
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], analyzer: Analyzer,
+                 pool: AnalysisPool | None, stats: SourceStats | None = None, *,
+                 unit_bytes: int | None = None) -> None:
+        self.stats = stats if stats is not None else SourceStats()
+        self.analyzer = analyzer
+        self.pool = pool
+        self._plan = plan_units(paths, self.stats, unit_bytes or UNIT_BYTES)
+        self._lost_pools: list[WorkerPool] = []  # the broken executors already handled
+        self._planned_all = False
+        self._slots: deque[_Slot] = deque()
+        self._memo: OrderedDict[int, Row] = OrderedDict()
+        self._current: UnitResult | None = None
+        self._at = 0  # next item of _current
+        self.units_here = 0  # units read in this process / by the workers (tests, logs)
+        self.units_there = 0
+        self.restarts = 0
+
+    async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
+        items, analyses = await asyncio.to_thread(self._take, max_records, stop)
+        return Batch(items, analyses=analyses) if items else None
+
+    async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
+        pass
+
+    # --- in the fetching thread (one fetch at a time) ---------------------------------
+    def _take(self, max_records: int, stop: asyncio.Event
+              ) -> tuple[list[Page | Rejected], list[Analysis | None]]:
+        items: list[Page | Rejected] = []
+        analyses: list[Analysis | None] = []
+        while len(items) < max_records and not stop.is_set():
+            if self._current is None or self._at >= len(self._current.items):
+                self._current, self._at = self._next_result(), 0
+                if self._current is None:
+                    break
+                merge_stats(self.stats, self._current.stats)
+            n = min(max_records - len(items), len(self._current.items) - self._at)
+            items += self._current.items[self._at:self._at + n]
+            analyses += self._current.analyses[self._at:self._at + n]
+            self._at += n
+        return items, analyses
+
+    def _plan_ahead(self) -> None:
+        while not self._planned_all and len(self._slots) < AHEAD_UNITS:
+            planned = next(self._plan, None)
+            if planned is None:
+                self._planned_all = True
+            elif isinstance(planned, Rejected):
+                self.stats.unreadable.append(planned.message)
+                self._slots.append(_Slot(None, result=UnitResult([planned], [None])))
+            else:
+                self._slots.append(_Slot(planned))
+
+    def _feed(self) -> None:
+        """Keep QUEUED_PER_PROCESS units per worker process submitted, earliest first."""
+        executor = self.pool.executor() if self.pool is not None else None
+        if executor is None:
+            return
+        assert self.pool is not None
+        running = sum(1 for s in self._slots if s.task is not None and s.result is None)
+        depth = QUEUED_PER_PROCESS * self.pool.processes
+        for slot in self._slots:
+            if running >= depth:
+                break
+            if slot.free:
+                try:
+                    slot.task = executor, executor.submit(_worker_read, slot.unit)
+                except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
+                    self._lost(executor)
+                    return
+                running += 1
+
+    def _next_result(self) -> UnitResult | None:
+        """The next unit's result in input order: collected from a worker, or read here;
+        while it is not back, this thread reads the earliest unit nobody has taken."""
+        self._plan_ahead()
+        while self._slots:
+            head = self._slots[0]
+            self._feed()
+            if head.free:
+                head.result = self._here(head)
+            elif head.result is None:
+                assert head.task is not None
+                executor, future = head.task
+                if not future.done():
+                    spare = next((s for s in self._slots if s.free), None)
+                    if spare is not None:
+                        spare.result = self._here(spare)
+                        continue
+                try:
+                    head.result = unpack(executor.result(future))
+                    self.units_there += 1
+                except BrokenProcessPool:
+                    self._lost(executor)
+                    continue
+            self._slots.popleft()
+            self._plan_ahead()
+            self._feed()
+            return head.result
+        return None
+
+    def _here(self, slot: _Slot) -> UnitResult:
+        assert slot.unit is not None
+        self.units_here += 1
+        slot.here = True
+        try:
+            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._feed)
+        finally:
+            slot.here = False
+
+    def _lost(self, executor: WorkerPool) -> None:
+        """A worker died: its pool is forgotten, new processes start in the background, and
+        every unit the old ones held and did not send back is read again (here meanwhile)."""
+        assert self.pool is not None
+        if any(e is executor for e in self._lost_pools):
+            return
+        self._lost_pools.append(executor)
+        lost = 0
+        for slot in self._slots:
+            if slot.task is not None and slot.task[0] is executor and slot.result is None:
+                future = slot.task[1]
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    slot.result = unpack(future.result())
+                    self.units_there += 1
+                else:
+                    slot.task = None
+                    lost += 1
+        log.error("a worker process died while reading the input; %d unit(s) it held are "
+                  "read again; starting new workers", lost)
+        self.restarts += 1
+        self.pool.broken(executor)
+        self.pool.start()

@@ -1,0 +1,171 @@
+"""`replay --workers N` with the worker processes reading the input (sources/units.py):
+the same items, analyses and decisions, in the same order, as one process reading it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+
+from stream_dedup import Settings
+from stream_dedup import replay as replay_module
+from stream_dedup.analysis import AnalysisPool, Analyzer
+from stream_dedup.models import Page, Rejected
+from stream_dedup.replay import replay
+from stream_dedup.sample import write_sample
+from stream_dedup.sinks import MemorySink
+from stream_dedup.sources import units
+from stream_dedup.sources.files import iter_inputs
+from stream_dedup.sources.warc import SourceStats
+
+BAD_LINES = (5, 12, 13)  # 1-based lines of crawl.jsonl that are not a page
+
+
+@pytest.fixture(scope="module")
+def crawl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The sample crawl (WARC + JSONL), then a JSONL of 40 lines cut into many units: its
+    pages, a blank line, bad records, a line of `\\r` inside a body."""
+    root = tmp_path_factory.mktemp("units")
+    warc, jsonl, pages = write_sample(root)
+    lines = []
+    for i in range(40):
+        p = pages[i % len(pages)]
+        body = p.html.encode() + (f"<p>copy {i // len(pages)}</p>".encode() if i % 3 else b"")
+        lines.append(json.dumps({"url": f"{p.url}?n={i}",
+                                 "body_b64": base64.b64encode(body).decode(),
+                                 "headers": [["Content-Type", "text/html"]]}))
+    for n in BAD_LINES:
+        lines[n - 1] = '{"url": "https://bad.example/' + str(n) + '", "body_b64": "!!"'
+    lines[20] = ""  # blank: skipped, but it counts as a line
+    lines[21] = lines[21][:-1] + ', "x": "a\\rb"}'
+    more = root / "crawl.jsonl"
+    more.write_text("\n".join(lines) + "\n")
+    return [warc, jsonl, more]
+
+
+def _ready_pool(pools: list[AnalysisPool]) -> type[AnalysisPool]:
+    class Ready(AnalysisPool):
+        def start(self) -> None:
+            super().start()
+            if self not in pools:
+                pools.append(self)
+                assert self.wait_ready(60)
+
+    return Ready
+
+
+def _replay_with_units(files: list[Path], monkeypatch: pytest.MonkeyPatch, settings: Settings,
+                       source_class: type[units.UnitSource] = units.UnitSource,
+                       dead_letter: object = None) -> tuple[MemorySink, units.UnitSource]:
+    sources: list[units.UnitSource] = []
+
+    class Recorded(source_class):  # type: ignore[valid-type,misc]
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, unit_bytes=3000, **kwargs)  # type: ignore[arg-type]
+            sources.append(self)
+
+    monkeypatch.setattr(replay_module, "AnalysisPool", _ready_pool([]))
+    monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
+    monkeypatch.setattr(replay_module, "UnitSource", Recorded)
+    sink = MemorySink()
+    replay(files, sink, settings, workers=2, dead_letter=dead_letter)  # type: ignore[arg-type]
+    assert len(sources) == 1
+    return sink, sources[0]
+
+
+def test_units_give_the_items_of_one_reader_in_order(crawl: list[Path]) -> None:
+    """The plan cut at line ends, each range with its first line's number: the units read
+    in a row give exactly the items of the plain reader (sources, rejects, raw bytes)."""
+    stats = SourceStats()
+    planned = list(units.plan_units(crawl, stats, unit_bytes=3000))
+    ranges = [u for u in planned if isinstance(u, units.Unit) and u.kind == "jsonl-range"]
+    assert len(ranges) > 10  # the 40-line file is cut into many units
+    analyzer = Analyzer(Settings())
+    got: list[Page | Rejected] = []
+    for unit in planned:
+        assert isinstance(unit, units.Unit)
+        got += units.read_unit(unit, analyzer, OrderedDict()).items
+    assert got == list(iter_inputs(crawl))
+
+
+def test_workers_reading_the_input_give_the_same_decisions_in_order(
+        crawl: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    settings = Settings(batch_size=7)
+    one = MemorySink()
+    with open(tmp_path / "dead1.jsonl", "w") as dead1:
+        replay(crawl, one, settings, dead_letter=dead1)
+    with open(tmp_path / "dead2.jsonl", "w") as dead2:
+        two, source = _replay_with_units(crawl, monkeypatch, settings, dead_letter=dead2)
+    assert source.units_there > 0, "the worker processes read none of the input"
+    assert two.decisions == one.decisions
+    assert [d.source for d in two.decisions] == [d.source for d in one.decisions]
+    # the bad records of the worker-read file are rejects, with their bytes dead-lettered
+    bad = [d for d in two.decisions if d.decision == "reject" and "crawl.jsonl" in d.source]
+    assert [d.source.rsplit("#", 1)[1] for d in bad] == [str(n) for n in BAD_LINES]
+    assert (tmp_path / "dead2.jsonl").read_text() == (tmp_path / "dead1.jsonl").read_text()
+
+
+def test_a_worker_reads_a_bad_record_as_a_reject(crawl: list[Path]) -> None:
+    """The unit holding the bad lines, read in a worker process: rejects with their raw
+    bytes and sources come back, and pages without their bodies but with their analyses."""
+    unit = next(u for u in units.plan_units([crawl[2]], SourceStats(), unit_bytes=1)
+                if isinstance(u, units.Unit) and u.first_line == BAD_LINES[0])
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        got = units.unpack(executor.result(executor.submit(units._worker_read, unit)))
+    here = units.read_unit(unit, Analyzer(Settings()), OrderedDict())
+    assert len(got.items) == 1 and isinstance(got.items[0], Rejected)
+    assert got.items[0] == here.items[0] and got.items[0].raw
+    assert got.stats.rejected == here.stats.rejected == {"bad-json": 1}
+    page_unit = next(u for u in units.plan_units([crawl[2]], SourceStats(), unit_bytes=1)
+                     if isinstance(u, units.Unit) and u.first_line == 1)
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        sent = units.unpack(executor.result(executor.submit(units._worker_read, page_unit)))
+    local = units.read_unit(page_unit, Analyzer(Settings()), OrderedDict())
+    (page,), (a,) = sent.items, sent.analyses
+    (full,), (b,) = local.items, local.analyses
+    assert isinstance(page, Page) and isinstance(full, Page) and a is not None and b is not None
+    assert page.body == b"" and a.body_bytes == len(full.body) and page.source == full.source
+    assert (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.ld_signature) == (
+        b.raw_fp, b.canonical_fp, b.text_length, b.shingle_count, b.ld_signature)
+    assert a.sketch is not None and b.sketch is not None and (a.sketch == b.sketch).all()
+    assert a.features is not None and b.features is not None
+    assert (a.features == b.features).all() and a.sketch.dtype == b.sketch.dtype
+
+
+class KillsAWorker(units.UnitSource):
+    """Kills the worker processes (SIGKILL) once, right after the first units went to them:
+    they die while reading or analysing them."""
+
+    killed = 0
+
+    def _feed(self) -> None:
+        super()._feed()
+        if KillsAWorker.killed or self.pool is None:
+            return
+        executor = self.pool.executor()
+        if executor is not None and any(s.task is not None for s in self._slots):
+            for pid in list(executor._processes):  # type: ignore[attr-defined]
+                os.kill(pid, signal.SIGKILL)
+            KillsAWorker.killed += 1
+
+
+def test_a_worker_killed_mid_file_loses_no_page_and_changes_no_decision(
+        crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(batch_size=7)
+    one = MemorySink()
+    replay(crawl, one, settings)
+    KillsAWorker.killed = 0
+    two, source = _replay_with_units(crawl, monkeypatch, settings, KillsAWorker)
+    assert KillsAWorker.killed == 1 and source.restarts == 1
+    assert two.decisions == one.decisions

@@ -70,15 +70,18 @@ class WorkerPool(ProcessPoolExecutor):
     def lost_a_worker(self) -> bool:
         return any(p.exitcode is not None for p in list(self._processes.values()))
 
-    def result(self, f: Future[T]) -> T:
+    def result(self, f: Future[T], stopped: Callable[[], bool] | None = None) -> T:
         """`f.result()`, or BrokenProcessPool once a worker has been gone for LOST_GRACE_S
-        and `f` is still not done (the pool itself would normally have said so by then)."""
+        and `f` is still not done (the pool itself would normally have said so by then);
+        TimeoutError as soon as `stopped()` says so (the caller stops waiting)."""
         lost_at = None
         while True:
             try:
                 return f.result(timeout=POLL_S)
             except FutureTimeout:
                 pass
+            if stopped is not None and stopped():
+                raise FutureTimeout("stopped waiting")
             if lost_at is None:
                 lost_at = time.monotonic() if self.lost_a_worker() else None
             elif time.monotonic() - lost_at > LOST_GRACE_S:

@@ -169,3 +169,26 @@ def test_a_worker_killed_mid_file_loses_no_page_and_changes_no_decision(
     two, source = _replay_with_units(crawl, monkeypatch, settings, KillsAWorker)
     assert KillsAWorker.killed == 1 and source.restarts == 1
     assert two.decisions == one.decisions
+
+
+def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
+    """Ctrl-C during a replay: a unit read in this process (a whole archive, possibly
+    minutes of work) is left after the page being read, not finished first."""
+    import asyncio
+
+    source = units.UnitSource(crawl, Analyzer(Settings()), None, unit_bytes=3000)
+    stop = asyncio.Event()
+    pages = 0
+    feed = source._feed
+
+    def counting() -> None:  # after the 3rd page, the replay is told to stop
+        nonlocal pages
+        pages += 1
+        if pages == 3:
+            stop.set()
+        feed()
+
+    source._feed = counting  # type: ignore[method-assign]
+    items, analyses = source._take(10_000, stop)
+    assert (items, analyses, pages) == ([], [], 3)  # the first unit (the WARC) left at once
+    assert source._slots[0].free  # nothing of it taken: read again if asked again

@@ -271,6 +271,10 @@ def merge_stats(into: SourceStats, more: SourceStats) -> None:
     into.repeated.extend(more.repeated)
 
 
+class _Stopped(Exception):
+    """The replay is stopping: the unit being read or waited for is left unfinished."""
+
+
 @dataclass(slots=True)
 class _Slot:
     unit: Unit | None  # None: `result` was ready when planned (an unreadable input)
@@ -307,6 +311,7 @@ class UnitSource(PageRecords):
         self._memo: OrderedDict[int, Row] = OrderedDict()
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
+        self._stop: asyncio.Event | None = None  # the fetch's, while it runs
         self.units_here = 0  # units read in this process / by the workers (tests, logs)
         self.units_there = 0
         self.restarts = 0
@@ -323,9 +328,13 @@ class UnitSource(PageRecords):
               ) -> tuple[list[Page | Rejected], list[Analysis | None]]:
         items: list[Page | Rejected] = []
         analyses: list[Analysis | None] = []
+        self._stop = stop  # a unit read or awaited is left at once when the replay stops
         while len(items) < max_records and not stop.is_set():
             if self._current is None or self._at >= len(self._current.items):
-                self._current, self._at = self._next_result(), 0
+                try:
+                    self._current, self._at = self._next_result(), 0
+                except _Stopped:
+                    break
                 if self._current is None:
                     break
                 merge_stats(self.stats, self._current.stats)
@@ -383,11 +392,13 @@ class UnitSource(PageRecords):
                         spare.result = self._here(spare)
                         continue
                 try:
-                    head.result = unpack(executor.result(future))
+                    head.result = unpack(executor.result(future, self._stopping))
                     self.units_there += 1
                 except BrokenProcessPool:
                     self._lost(executor)
                     continue
+                except TimeoutError:
+                    raise _Stopped from None
             self._slots.popleft()
             self._plan_ahead()
             self._feed()
@@ -399,9 +410,18 @@ class UnitSource(PageRecords):
         self.units_here += 1
         slot.here = True
         try:
-            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._feed)
+            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._tick)
         finally:
             slot.here = False
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+    def _tick(self) -> None:
+        """After each page read here: keep the workers fed; stop if the replay stops."""
+        if self._stopping():
+            raise _Stopped
+        self._feed()
 
     def _lost(self, executor: WorkerPool) -> None:
         """A worker died: its pool is forgotten, new processes start in the background, and

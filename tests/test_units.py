@@ -113,24 +113,19 @@ def test_workers_reading_the_input_give_the_same_decisions_in_order(
 def test_a_worker_reads_a_bad_record_as_a_reject(crawl: list[Path]) -> None:
     """The unit holding the bad lines, read in a worker process: rejects with their raw
     bytes and sources come back, and pages without their bodies but with their analyses."""
-    unit = next(u for u in units.plan_units([crawl[2]], SourceStats(), unit_bytes=1)
-                if isinstance(u, units.Unit) and u.first_line == BAD_LINES[0])
+    unit, page_unit = (next(u for u in units.plan_units([crawl[2]], SourceStats(), unit_bytes=1)
+                            if isinstance(u, units.Unit) and u.first_line == line)
+                       for line in (BAD_LINES[0], 1))
     with AnalysisPool(Settings(), 2) as pool:
         assert pool.wait_ready(60)
         executor = pool.executor()
         assert executor is not None
-        got = units.unpack(executor.result(executor.submit(units._worker_read, unit)))
+        got, sent = (units.unpack(executor.result(executor.submit(units._worker_read, u)))
+                     for u in (unit, page_unit))
     here = units.read_unit(unit, Analyzer(Settings()), OrderedDict())
     assert len(got.items) == 1 and isinstance(got.items[0], Rejected)
     assert got.items[0] == here.items[0] and got.items[0].raw
     assert got.stats.rejected == here.stats.rejected == {"bad-json": 1}
-    page_unit = next(u for u in units.plan_units([crawl[2]], SourceStats(), unit_bytes=1)
-                     if isinstance(u, units.Unit) and u.first_line == 1)
-    with AnalysisPool(Settings(), 2) as pool:
-        assert pool.wait_ready(60)
-        executor = pool.executor()
-        assert executor is not None
-        sent = units.unpack(executor.result(executor.submit(units._worker_read, page_unit)))
     local = units.read_unit(page_unit, Analyzer(Settings()), OrderedDict())
     (page,), (a,) = sent.items, sent.analyses
     (full,), (b,) = local.items, local.analyses

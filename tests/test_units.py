@@ -187,3 +187,25 @@ def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
     items, analyses = source._take(10_000, stop)
     assert (items, analyses, pages) == ([], [], 3)  # the first unit (the WARC) left at once
     assert source._slots[0].free  # nothing of it taken: read again if asked again
+
+
+def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
+        crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An archive is one unit however large, and its result waits here until decided: past
+    QUEUED_BYTES_PER_PROCESS of input queued, no more units go to the workers."""
+    most = 0
+
+    class Counting(units.UnitSource):
+        def _feed(self) -> None:
+            nonlocal most
+            super()._feed()
+            most = max(most, sum(1 for s in self._slots if s.task is not None
+                                 and s.result is None))
+
+    settings = Settings(batch_size=7)
+    one = MemorySink()
+    replay(crawl, one, settings)
+    monkeypatch.setattr(units, "QUEUED_BYTES_PER_PROCESS", 1)
+    two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
+    assert source.units_there > 0 and most == 1
+    assert two.decisions == one.decisions

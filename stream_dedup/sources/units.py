@@ -72,6 +72,10 @@ AHEAD_UNITS = 16
 # time, and a unit of JSONL is ~7 ms of a worker's work.
 # 6 measured against 2 and 12: 1.76-1.91 s against 2.07-2.36 and 2.43-2.73 (synthetic).
 QUEUED_PER_PROCESS = 6
+# ... and at most this many bytes of input per process (at least one unit): a unit's result
+# (its pages without bodies, their analyses: ~2-3 KB a page) waits in this process until
+# decided, and an archive is one unit however large (a 1 GB WARC: ~100,000 pages).
+QUEUED_BYTES_PER_PROCESS = 32 << 20
 # Bodies whose analysis a process remembers, so that a copy is not analysed again.
 REMEMBERED = 4096
 
@@ -86,6 +90,7 @@ class Unit:
     start: int = 0
     end: int = 0
     first_line: int = 1
+    size: int = 0  # bytes of input (what its result in memory grows with)
 
 
 @dataclass(slots=True)
@@ -102,7 +107,7 @@ def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
     for planned in plan_inputs(paths, stats):
         if isinstance(planned, Rejected) or planned.kind == "archive":
             yield planned if isinstance(planned, Rejected) else Unit(
-                planned.path, planned.name, "archive")
+                planned.path, planned.name, "archive", size=_size(planned.path))
         else:
             yield from _jsonl_units(planned, unit_bytes)
 
@@ -111,7 +116,7 @@ def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
     """A gzipped JSONL file whole; a plain one in ranges cut after a newline, each with
     the number of its first line (iter_jsonl counts every line, blank ones too). The lines
     are found in a map of the file, not read: ~3 µs a 27 KB line."""
-    whole = Unit(planned.path, planned.name, "jsonl")
+    whole = Unit(planned.path, planned.name, "jsonl", size=_size(planned.path))
     try:
         with open(planned.path, "rb") as fh:
             gzipped = fh.read(2) == b"\x1f\x8b"
@@ -131,8 +136,16 @@ def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
             at = size if nl < 0 else nl + 1
             lines += 1
             if at - start >= unit_bytes or at >= size:
-                yield Unit(planned.path, planned.name, "jsonl-range", start, at, line)
+                yield Unit(planned.path, planned.name, "jsonl-range", start, at, line,
+                           at - start)
                 start, line, lines = at, line + lines, 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0  # its reader says why
 
 
 def read_unit(unit: Unit, analyzer: Analyzer, memo: OrderedDict[int, Row], *,
@@ -361,18 +374,23 @@ class UnitSource(PageRecords):
         if executor is None:
             return
         assert self.pool is not None
-        running = sum(1 for s in self._slots if s.task is not None and s.result is None)
+        busy = [s for s in self._slots if s.task is not None and s.result is None]
+        running = len(busy)
+        queued = sum(s.unit.size for s in busy if s.unit is not None)
         depth = QUEUED_PER_PROCESS * self.pool.processes
+        budget = QUEUED_BYTES_PER_PROCESS * self.pool.processes
         for slot in self._slots:
-            if running >= depth:
+            if running >= depth or (running and queued >= budget):
                 break
             if slot.free:
+                assert slot.unit is not None
                 try:
                     slot.task = executor, executor.submit(_worker_read, slot.unit)
                 except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
                     self._lost(executor)
                     return
                 running += 1
+                queued += slot.unit.size
 
     def _next_result(self) -> UnitResult | None:
         """The next unit's result in input order: collected from a worker, or read here;

@@ -6,7 +6,7 @@ decides. The replay source for inputs worth a pool (replay.py: EARLY_START_BYTES
       an archive or a gzipped file: one unit;
       plain JSONL: ranges of ~UNIT_BYTES cut at
       line ends (line numbers counted here)
-    keeps QUEUED_PER_PROCESS (6) units a process ───>  read the unit (files.py readers),
+    keeps 6 units (32 MB at most) a process ─────────> read the unit (files.py readers),
       submitted, the earliest not taken first          analyse its pages; send back the
     reads and analyses the earliest unit nobody        pages without their bodies, the
       has taken itself, while the one due is not       analyses, and the readers' counts

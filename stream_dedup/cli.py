@@ -135,9 +135,9 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("redis_buckets", "redis: bucket hashes per hash tag (1,024 tags), fixed when the "
              "index is made; the default suits up to ~4M pages held: take pages / 30,000 "
              "(docs/scale-out.md)", "N"),
-        Flag("redis_records_url", "redis: keep the kept pages' verification records (~600 B "
-             "each; 3/4 of what a page costs) in this other store, e.g. Kvrocks on SSD, so "
-             "that the Redis index holds ~270 B a page (default: in the index's Redis)",
+        Flag("redis_records_url", "redis: keep the kept pages' verification records (~730 B "
+             "a page in Redis; 3/4 of what a page costs) in this other store, e.g. Kvrocks on "
+             "SSD, so that the Redis index holds ~270 B a page (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),

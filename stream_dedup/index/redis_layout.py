@@ -405,6 +405,7 @@ class Layout:
 
     def set_key(self, kind: bytes, value: int) -> bytes:
         """The entry of a raw (r) or canonical (c) fingerprint, or a feature (b"")."""
+        # (the hash tag's shard, a bucket number of 3 bytes, the field)
         bucket = (value // SHARDS) % self.buckets
         return _SETS[value % SHARDS] + bucket.to_bytes(3, "big") + kind + value.to_bytes(8, "big")
 
@@ -420,11 +421,8 @@ class Layout:
             features = p.features.tolist()
             values += features
             kinds += [b""] * len(features)
-        shards = [v % SHARDS for v in values]
-        b = self.buckets
-        keys = [_SETS[s] + ((v // SHARDS) % b).to_bytes(3, "big") + k + v.to_bytes(8, "big")
-                for s, k, v in zip(shards, kinds, values, strict=True)]
-        return keys, shards
+        keys = [self.set_key(k, v) for k, v in zip(kinds, values, strict=True)]
+        return keys, [v % SHARDS for v in values]
 
 
 def encode_doc(doc: StoredDoc) -> bytes:

@@ -18,42 +18,36 @@ docs/scale-out.md; in short:
                its lease -> KEEP (its verification record written before or with it), else
                the page is decided again; a drop is recorded, and its id leaves its keys.
 
-What is stored where, and the scripts the server runs: redis_layout.py.
+What is stored where, and the scripts the server runs: redis_layout.py; connecting and a
+round of script calls: redis_client.py.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-import redis
-from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import (
-    NoScriptError,
     RedisClusterException,
     RedisError,
-    ResponseError,
 )
-from redis.retry import Retry
 
-from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
+from ..errors import IndexMismatchError, IndexUnavailable
 from ..models import position_id
 from .base import WAIT, Answer, Claim, Plan, Probe, StoredDoc, rank_candidates
+from .redis_client import ANY, Observe, ScriptClient, connect, memory, shard_of
 from .redis_layout import (
     BUCKETS,
     FORMAT,
     LISTPACK_ENTRIES,
     LISTPACK_VALUE,
     PAGES,
-    SCRIPTS,
     SHARDS,
     STAMP,
     Layout,
@@ -70,74 +64,34 @@ LEASE_MS = 60_000  # a PENDING record no instance finished within this is treate
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
-_CALL_KEYS = 2_000  # keys per script call at most (a call holds its node while it runs)
-_NO_NODES: list[Any] = [None] * SHARDS  # a plain Redis: one node
-_ANY = object()  # a script call's header for any node not named
-_SPARSE = {"join"}  # scripts that return (item, result, value) for some results only
 _EMPTY: list[int] = []
 
 
-def _shard(key: bytes) -> int:
-    return int(key[1 : key.index(b"}")])
-
-
-def connect(url: str) -> redis.Redis | RedisCluster:
-    """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
-    may list several seeds, comma-separated (redis://a:7000,redis://b:7000): the first that
-    answers is used (a cluster's client learns the other nodes from it)."""
-    errors = []
-    for seed in (u.strip() for u in url.split(",") if u.strip()):
-        try:
-            plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5)
-            enabled = plain.info("cluster").get("cluster_enabled", 0)
-        except (RedisError, ValueError) as exc:
-            errors.append(f"{seed}: {exc}")
-            continue
-        if not enabled:
-            return plain
-        plain.close()
-        # Few, quick retries here (a moved slot, a reconnect); a longer outage is the
-        # runner's to wait out, batch by batch (IndexUnavailable).
-        try:
-            return RedisCluster.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
-                                         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
-        except (RedisError, RedisClusterException) as exc:
-            errors.append(f"{seed}: {exc}")
-    raise ConfigError(f"cannot reach Redis at {url}: {'; '.join(errors) or 'no address'}")
-
-
-Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
-
-
-class RedisIndex:
+class RedisIndex(ScriptClient):
     """A FeatureIndex shared by every instance that opens the same Redis."""
 
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
                  buckets: int = BUCKETS, records_url: str = "",
                  observe: Observe | None = None, client: Any = None) -> None:
-        self.url = url
+        super().__init__(url, client, observe)
         self.stamp = stamp
         self.cap = max_posting
         self.threshold, self.max_candidates = threshold, max_candidates
         self.retention_s = int(retention_days * 86400)
         self.layout = Layout(buckets)
-        self.observe: Observe = observe or (lambda op, s, failed: None)
-        self.client = client if client is not None else connect(url)
         # Another store for the verification records (None: the index's own): written in a
         # round trip before the records turn KEEP, so no instance finds one KEEP without it.
         self.records = connect(records_url) if records_url else None
         self._unkept: set[int] = set()  # written there, for pages not (yet) kept
-        # So far: pipelined round trips, pages told to wait for an older page decided
-        # elsewhere, claims lost (decided again): the protocol at work, for benchmarks.
-        self.round_trips = self.waits = self.lost = 0
+        # So far: pages told to wait for an older page decided elsewhere, claims lost
+        # (decided again): the protocol at work, for benchmarks (and round_trips).
+        self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
-        self._nodes_of: tuple[Any, list[Any]] = (None, [])  # slot map, shard -> node
         # A final state never changes, nor a kept page's record: both are cached (bounded;
         # a page gone by retention drops out when its record is found missing).
         self._final: OrderedDict[int, str] = OrderedDict()
         self._records: OrderedDict[int, StoredDoc] = OrderedDict()
-        self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SCRIPTS.items()}
         self._next_local = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
         self._check_stamp()
         with self._call("stamp"):
@@ -337,10 +291,10 @@ class RedisIndex:
             extra: dict[Any, list[Any]] = {}
             for key, n in joined.items():
                 if n != 1:
-                    extra.setdefault(nodes[_shard(key)], []).extend((key, n))
+                    extra.setdefault(nodes[shard_of(key)], []).extend((key, n))
             header = {node: (self.cap + _READ_SLACK, _READ_SLACK, len(kv) // 2, *kv)
                       for node, kv in extra.items()}
-            header[_ANY] = (self.cap + _READ_SLACK, _READ_SLACK, 0)
+            header[ANY] = (self.cap + _READ_SLACK, _READ_SLACK, 0)
         if joined is None:
             with self._call("read"):
                 replies = iter(self._rounds(("read", items, header))[0])
@@ -502,7 +456,7 @@ class RedisIndex:
                ) -> list[Any]:
         """Items of a "leave" call: `member` leaves `keys` (`shards`: theirs, if known)."""
         if shards is None:
-            shards = [_shard(key) for key in keys]
+            shards = [shard_of(key) for key in keys]
         nodes = self._shard_nodes()
         by_node: dict[Any, list[bytes]] = {}
         for key, shard in zip(keys, shards, strict=True):
@@ -511,122 +465,6 @@ class RedisIndex:
                 for node, node_keys in by_node.items()]
 
     # --- plumbing ---------------------------------------------------------------------
-    def _rounds(self, *calls: tuple[str, Sequence[tuple[Any, bytes, Sequence[Any], int]], Any],
-                count: int = 0) -> list[list[Any]]:
-        """One pipelined round trip: for each (script, items, header), one script call per
-        node its items are on (per about _CALL_KEYS results). An item is (node, a key of it
-        on that node, its arguments, how many results it gets); a call's arguments are the
-        header (the same for every node, or per node: {node: header}, _ANY for the rest),
-        then its items'. Per call, the results of its items, in order (of a _SPARSE script:
-        (item index, result number from 1, result) for the results it gives). `count`: the
-        count of pages kept grows by that much, in the same round trip."""
-        groups = []
-        for script, items, header in calls:
-            chunks: dict[Any, list[list[int]]] = {}  # node -> its calls, each a list of items
-            sizes: dict[Any, int] = {}
-            for i, item in enumerate(items):
-                node, n = item[0], item[3]
-                node_chunks = chunks.get(node)
-                if node_chunks is None or sizes[node] + n > _CALL_KEYS:
-                    if node_chunks is None:
-                        node_chunks = chunks[node] = []
-                    node_chunks.append([])
-                    sizes[node] = 0
-                node_chunks[-1].append(i)
-                sizes[node] += n
-            groups.append((script, items, header, chunks))
-        if not any(items for _, items, _, _ in groups) and not count:
-            return [[] for _ in calls]
-        for attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            for script, items, header, chunks in groups:
-                for node, node_chunks in chunks.items():
-                    head = header.get(node, header[_ANY]) if isinstance(header, dict) else header
-                    for idx in node_chunks:
-                        args = list(head)
-                        for i in idx:
-                            args += items[i][2]
-                        # KEYS[1] routes the call to the node; the keys are in ARGV
-                        pipe.execute_command("EVALSHA", self._sha[script], 1, items[idx[0]][1],
-                                             *args)
-            if count and not attempt:  # (a failed attempt ran it)
-                pipe.incrby(PAGES, count)
-            try:
-                replies = iter(self._execute(pipe))
-                break
-            except NoScriptError:  # a new node (failover) or a flushed script cache
-                if attempt:
-                    raise
-                self._load_scripts()
-        out = []
-        for script, items, _, chunks in groups:
-            if script in _SPARSE:  # per chunk: item (from 1), result (from 1), value
-                found = []
-                for node_chunks in chunks.values():
-                    for idx in node_chunks:
-                        reply = next(replies)
-                        found += [(idx[reply[j] - 1], reply[j + 1], reply[j + 2])
-                                  for j in range(0, len(reply), 3)]
-                out.append(found)
-                continue
-            offsets, total = [], 0
-            for item in items:
-                offsets.append(total)
-                total += item[3]
-            results: list[Any] = [None] * total
-            for node_chunks in chunks.values():
-                for idx in node_chunks:
-                    reply = next(replies)
-                    if not isinstance(reply, list):
-                        continue
-                    pos = 0
-                    for i in idx:
-                        n = items[i][3]
-                        if n == 1:
-                            results[offsets[i]] = reply[pos]
-                        elif n:
-                            results[offsets[i] : offsets[i] + n] = reply[pos : pos + n]
-                        pos += n
-            out.append(results)
-        return out
-
-    def _shard_nodes(self) -> list[Any]:
-        """The node serving each shard (hash tag) now (None for a plain Redis), remembered
-        until the client learns a new slot map."""
-        if not isinstance(self.client, RedisCluster):
-            return _NO_NODES
-        nodes = self.client.nodes_manager
-        if self._nodes_of[0] is not nodes.slots_cache:
-            self._nodes_of = (nodes.slots_cache, [
-                nodes.get_node_from_slot(self.client.keyslot(b"{%d}" % shard)).name
-                for shard in range(SHARDS)])
-        return self._nodes_of[1]
-
-    def _load_scripts(self) -> None:
-        for source in SCRIPTS.values():
-            if isinstance(self.client, RedisCluster):
-                self.client.execute_command("SCRIPT LOAD", source,
-                                            target_nodes=RedisCluster.PRIMARIES)
-            else:
-                self.client.script_load(source)
-
-    def _execute(self, pipe: Any) -> list[Any]:
-        self.round_trips += 1
-        return list(pipe.execute())
-
-    @contextmanager
-    def _call(self, operation: str) -> Iterator[None]:
-        started = time.perf_counter()
-        try:
-            yield
-        except (RedisError, RedisClusterException) as exc:  # the latter: no node answers
-            self.observe(operation, time.perf_counter() - started, True)
-            if isinstance(exc, ResponseError) and "OOM" in str(exc):
-                raise IndexUnavailable(f"Redis is out of memory ({operation}): {exc}") from exc
-            raise IndexUnavailable(f"Redis {operation} failed: {type(exc).__name__}: "
-                                   f"{exc}") from exc
-        self.observe(operation, time.perf_counter() - started, False)
-
     def _check_stamp(self) -> None:
         mine = f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}"
         with self._call("stamp"):
@@ -704,10 +542,10 @@ class RedisIndex:
         """Pages kept, keys, and Redis memory summed over every primary (and over the
         records store's, if it has one)."""
         with self._call("stats"):
-            keys, used = _memory(self.client)
+            keys, used = memory(self.client)
             out: dict[str, float] = {"pages": len(self), "keys": keys, "redis_used_memory": used}
             if self.records is not None:
-                out["records_keys"], out["records_used_memory"] = _memory(self.records)
+                out["records_keys"], out["records_used_memory"] = memory(self.records)
         pages = out["pages"]
         out["index_bytes_per_page"] = used / pages if pages else 0.0
         return out
@@ -731,17 +569,6 @@ class RedisIndex:
         self.client.close()
         if self.records is not None:
             self.records.close()
-
-
-def _memory(client: Any) -> tuple[int, int]:
-    """Keys and used_memory, summed over every primary."""
-    if isinstance(client, RedisCluster):
-        primaries = RedisCluster.PRIMARIES
-        infos = list(client.info("memory", target_nodes=primaries).values())
-        keys = client.dbsize(target_nodes=primaries)  # summed by redis-py
-    else:
-        infos, keys = [client.info("memory")], client.dbsize()
-    return keys, sum(int(info["used_memory"]) for info in infos)
 
 
 def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:

@@ -37,7 +37,7 @@ from .core.tokens import Tokens, adopt_tables, tables
 from .decide import Analysis
 from .errors import PageError
 from .models import Page
-from .workers import WorkerPool, start_forkserver
+from .workers import WorkerPool, can_fork, start_forkserver
 from .workers import pool as worker_pool
 
 log = logging.getLogger("stream_dedup")
@@ -198,23 +198,38 @@ class AnalysisPool:
         self.starts = 0  # process pools started (1 + replacements of broken ones)
 
     # --- lifecycle ----------------------------------------------------------------------
-    def start(self) -> None:
-        """Start the worker processes in the background (returns at once; idempotent)."""
+    def start(self, *, fork: bool = False) -> None:
+        """Start the worker processes (returns at once; idempotent): with `fork`, forked
+        from this process if it runs no other thread yet (milliseconds: replay, before its
+        event loop), else in the background from the forkserver (workers.py)."""
         with self._lock:
             if self._closed or self._starting is not None:
                 return
-            self._starting = threading.Thread(target=self._start, name="analysis-pool-start",
-                                              daemon=True)
+            forked = None
+            if fork and not can_fork():
+                log.info("other threads run (%s): the analysis worker processes start from "
+                         "the forkserver", ", ".join(t.name for t in threading.enumerate()))
+            elif fork:
+                try:
+                    forked = worker_pool(self.processes, _worker_init,
+                                         (self.settings, tables()), fork=True)
+                except Exception:
+                    log.exception("forking the analysis worker processes failed; starting "
+                                  "them from the forkserver")
+            self._starting = threading.Thread(target=self._start, args=(forked,),
+                                              name="analysis-pool-start", daemon=True)
             self._starting.start()
 
-    def _start(self) -> None:
+    def _start(self, executor: WorkerPool | None) -> None:
+        """Start the processes from the forkserver unless `executor` was forked; wait
+        until they take tasks."""
         started = perf_counter()
-        executor = None
         try:
-            start_forkserver()  # it imports the package while this thread builds the tables
-            # The parent's tables go along (it needs them too): a worker that built its own
-            # would spend ~0.4 s on them before its first page.
-            executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
+            if executor is None:
+                start_forkserver()  # it imports the package while this thread builds tables
+                # The parent's tables go along (it needs them too): a worker that built its
+                # own would spend ~0.4 s on them before its first page.
+                executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
             # In the background: the first start of a forkserver imports the package there.
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
                 executor.result(ready)

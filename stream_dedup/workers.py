@@ -5,6 +5,14 @@
                                  ├─ worker 1      inherits that; a thread reads `alive`
                                  └─ worker N      and exits at EOF (the parent is gone)
 
+A parent that runs no other thread yet forks its workers itself instead (`pool(fork=True)`):
+they start in milliseconds with everything it has loaded, where a forkserver first starts a
+new interpreter that imports the package (~0.35 s before the first worker takes a task).
+Forking is safe only then (a lock another thread holds would stay held in the child), so a
+pool started later (serve's, a replacement for a broken pool) comes from the forkserver.
+A forked worker sets the stop signals to ignored itself (blocked by the parent around the
+fork until then), and closes its copy of the `alive` pipe's write end.
+
 Stop signals: Ctrl-C and systemd send SIGINT/SIGTERM (a closed terminal SIGHUP) to the whole
 process group. Only the parent may act on them: it finishes the batch in flight and commits
 it. A worker killed by them breaks the pool under that batch (BrokenProcessPool), so the
@@ -29,6 +37,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -60,8 +69,12 @@ class WorkerPool(ProcessPoolExecutor):
     def __init__(self, workers: int, ctx: Any, initializer: Callable[..., None],
                  initargs: tuple[Any, ...]) -> None:
         alive, self._alive = multiprocessing.Pipe(duplex=False)
+        # A forked worker holds a copy of the write end too (it must close it, or it would
+        # never see EOF); a worker of the forkserver gets only what is passed (pickled).
+        forked = ctx.get_start_method() == "fork"
         super().__init__(workers, mp_context=ctx, initializer=_init,
-                         initargs=(alive, initializer, initargs))
+                         initargs=(alive, self._alive if forked else None, initializer,
+                                   initargs))
         # Every worker now. Left to itself the pool starts one more only when a task comes
         # while none is idle (and counts every finished task as an idle worker), so it could
         # run a while on fewer processes than it was given (a test saw one of two).
@@ -112,20 +125,43 @@ def start_forkserver() -> Any:
     return ctx
 
 
-def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = ()
-         ) -> WorkerPool:
-    """A forkserver process pool whose workers ignore stop signals and die with this process."""
-    return WorkerPool(workers, start_forkserver(), initializer, initargs)
+def can_fork() -> bool:
+    """Whether workers may be forked from this process now: it runs no other thread."""
+    return threading.active_count() == 1 and threading.current_thread() is \
+        threading.main_thread()
+
+
+def pool(workers: int, initializer: Callable[..., None], initargs: tuple[Any, ...] = (), *,
+         fork: bool = False) -> WorkerPool:
+    """A process pool whose workers ignore stop signals and die with this process: forked
+    from this process (`fork`, only if `can_fork()`), else from the forkserver."""
+    if not fork:
+        return WorkerPool(workers, start_forkserver(), initializer, initargs)
+    if not can_fork():
+        raise RuntimeError("workers are forked only from a process that runs one thread")
+    for stream in (sys.stdout, sys.stderr):  # a child would write out what is buffered
+        if stream is not None:
+            stream.flush()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:  # (WorkerPool forks every worker now)
+        return WorkerPool(workers, multiprocessing.get_context("fork"), initializer, initargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def ignore_stop_signals() -> None:
-    """In the forkserver (see `_forkserver`): ignore, then unblock, the stop signals."""
+    """In the forkserver (see `_forkserver`) or a forked worker: ignore, then unblock, the
+    stop signals."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def _init(alive: Connection, initializer: Callable[..., None], initargs: tuple[Any, ...]) -> None:
+def _init(alive: Connection, parent_end: Connection | None, initializer: Callable[..., None],
+          initargs: tuple[Any, ...]) -> None:
+    if parent_end is not None:  # forked from the parent
+        ignore_stop_signals()
+        parent_end.close()
     threading.Thread(target=_exit_with_parent, args=(alive,), name="parent-alive",
                      daemon=True).start()
     initializer(*initargs)

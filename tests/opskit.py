@@ -124,3 +124,42 @@ def free_redis_ports(count: int) -> int:
         if all(_port_free(p) for p in ports):
             return first
     raise RuntimeError(f"no {count} free ports (and bus ports) on 127.0.0.1 below {low}")
+
+
+# --- processes (/proc) ---------------------------------------------------------------
+def proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (state first), None if no such pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # the thread or the process ended meanwhile
+            pass
+    return found
+
+
+def tree(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    found, todo = [], [pid]
+    while todo:
+        found.append(todo.pop())
+        todo += children(found[-1])
+    return found
+
+
+def identity(pid: int) -> tuple[int, str] | None:
+    """pid and start time: a pid the kernel gives to another process later is not this one."""
+    fields = proc_stat(pid)
+    return None if fields is None else (pid, fields[19])
+
+
+def alive(identity: tuple[int, str]) -> bool:
+    fields = proc_stat(identity[0])
+    return fields is not None and fields[19] == identity[1] and fields[0] not in "ZX"

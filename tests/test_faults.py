@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import test_service
+from opskit import alive, children, identity, proc_stat, tree
 from test_service import (
     _crash_topic,
     _every_page_decided_once_at_least,
@@ -37,58 +38,20 @@ GONE_WITHIN_S = 30.0  # measured: 0.2 s
 SEEDS = 120
 
 
-def _stat(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (state first), None if no such pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:  # the thread or the process ended meanwhile
-            pass
-    return found
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and all its descendants."""
-    found, todo = [], [pid]
-    while todo:
-        found.append(todo.pop())
-        todo += _children(found[-1])
-    return found
-
-
 def _workers(pid: int) -> list[int]:
     """The pool's worker processes: the children of the forkserver child of `pid`."""
-    for child in _children(pid):
+    for child in children(pid):
         try:
             if b"multiprocessing.forkserver" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return _children(child)
+                return children(child)
         except OSError:
             pass
     return []
 
 
-def _identity(pid: int) -> tuple[int, str] | None:
-    """pid and start time: a pid the kernel gives to another process later is not this one."""
-    fields = _stat(pid)
-    return None if fields is None else (pid, fields[19])
-
-
-def _alive(identity: tuple[int, str]) -> bool:
-    fields = _stat(identity[0])
-    return fields is not None and fields[19] == identity[1] and fields[0] not in "ZX"
-
-
 def _busy(pid: int) -> bool:
     """A worker of `pid` is running (a batch is being analysed)."""
-    return any((_stat(w) or ["S"])[0] == "R" for w in _workers(pid))
+    return any((proc_stat(w) or ["S"])[0] == "R" for w in _workers(pid))
 
 
 class _Feed:
@@ -134,13 +97,13 @@ def test_sigkill_leaves_no_process_behind(kafka_bootstrap: str, service) -> None
         svc = service(t, *WORKERS, log=f"run{round_}.log")
         _until_busy(svc.proc.pid, feed)
         time.sleep(rng.uniform(0.0, 1.0))
-        tree = [i for i in map(_identity, _tree(svc.proc.pid)) if i is not None]
+        held = [i for i in map(identity, tree(svc.proc.pid)) if i is not None]
         # serve, the resource tracker, the forkserver and two workers
-        assert len(tree) >= 5, tree
+        assert len(held) >= 5, held
         svc.proc.kill()
         svc.wait()
         deadline = time.monotonic() + GONE_WITHIN_S
-        while (left := [i for i in tree if _alive(i)]) and time.monotonic() < deadline:
+        while (left := [i for i in held if alive(i)]) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert left == [], f"still running {GONE_WITHIN_S} s after SIGKILL of serve: {left}"
     final = service(t, *WORKERS, log="final.log")

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from opskit import alive, children, identity, proc_stat, wait_for
+from test_units import _ready_pool
 
 from stream_dedup import Deduplicator, Settings
 from stream_dedup.cli import main
 from stream_dedup.metrics import Metrics
-from stream_dedup.replay import replay
+from stream_dedup.replay import EARLY_START_BYTES, replay
 from stream_dedup.sample import write_sample
 from stream_dedup.sinks import MemorySink
 
@@ -81,15 +89,7 @@ def test_worker_processes_and_read_ahead_give_the_same_decisions(
     one = MemorySink()
     replay([warc, jsonl], one, settings)
     pools: list[analysis.AnalysisPool] = []
-
-    class Ready(analysis.AnalysisPool):
-        def start(self) -> None:
-            super().start()
-            if self not in pools:
-                pools.append(self)
-                assert self.wait_ready(60)
-
-    monkeypatch.setattr(replay_module, "AnalysisPool", Ready)
+    monkeypatch.setattr(replay_module, "AnalysisPool", _ready_pool(pools))
     monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
     two = MemorySink()
     replay([warc, jsonl], two, settings, workers=2)
@@ -262,3 +262,86 @@ def test_serve_help_shows_every_setting_with_its_env_variable_and_default(
             repr(f.default) if f.default == "" else str(f.default))
         assert f"[env {env}, default {shown}]" in text, f.name
     assert "(default info)" in text  # --log-level
+
+
+# --- `--workers` on a large input: the workers are forked from replay ---------------------
+GONE_WITHIN_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def slow_crawl(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A JSONL crawl past replay's EARLY_START_BYTES (its workers read it) whose pages take
+    ~0.07 s each to analyse (deep nesting, each other bytes): replay runs for seconds, the
+    workers busy. The size is a field no reader looks at, on the last line."""
+    lines = [json.dumps({"url": f"https://slow.example/{i}", "body_b64": base64.b64encode(
+        b"<div>" * 7956 + f"page {i}".encode()).decode()}) for i in range(200)]
+    lines.append(json.dumps({"url": "https://slow.example/pad", "body_b64": "",
+                             "pad": "x" * EARLY_START_BYTES}))
+    path = tmp_path_factory.mktemp("slow") / "slow.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _replay_with_forked_worker(crawl: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """`replay --workers 2` in a session of its own, once its worker runs: the process and
+    its worker, forked from it (the same command line: no forkserver between them)."""
+    proc = subprocess.Popen([sys.executable, "-m", "stream_dedup", "replay", str(crawl),
+                             "--workers", "2", "-o", str(tmp_path / "out.jsonl")],
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+    def worker() -> int | None:
+        for pid in children(proc.pid):
+            try:
+                # (the parent's command line read now: just after Popen it may still be
+                # this process's, not yet replaced by the exec)
+                own = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+                if Path(f"/proc/{pid}/cmdline").read_bytes() == own and \
+                        (proc_stat(pid) or ["S"])[0] == "R":
+                    return pid
+            except OSError:
+                pass
+        return None
+
+    seen: list[int] = []
+
+    def found() -> bool:
+        seen.extend(pid for pid in [worker()] if pid is not None)
+        return bool(seen) or proc.poll() is not None
+
+    wait_for("a forked worker running", found, timeout=60)
+    assert seen, proc.communicate()[1][-3000:]
+    pid = seen[0]
+    time.sleep(0.3)
+    return proc, identity(pid)
+
+
+def _gone(ident: tuple[int, str]) -> bool:
+    deadline = time.monotonic() + GONE_WITHIN_S
+    while alive(ident) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not alive(ident)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_to_the_group_ends_replay_and_its_forked_workers(
+        slow_crawl: Path, tmp_path: Path, sig: str) -> None:
+    """Ctrl-C (SIGINT to the process group): replay says it was interrupted (130), with no
+    traceback, and no worker outlives it; a SIGTERM, which replay does not catch, ends it
+    and its workers as well."""
+    proc, worker = _replay_with_forked_worker(slow_crawl, tmp_path)
+    os.killpg(proc.pid, getattr(signal, sig))
+    _, err = proc.communicate(timeout=60)
+    if sig == "SIGINT":
+        assert proc.returncode == 130 and "interrupted" in err, err[-3000:]
+        for sign in ("Traceback", "BrokenProcessPool"):
+            assert sign not in err, err[-3000:]
+    else:
+        assert proc.returncode == -signal.SIGTERM, err[-3000:]
+    assert _gone(worker), f"a worker still runs {GONE_WITHIN_S} s after replay ended"
+
+
+def test_the_forked_workers_of_a_killed_replay_exit(slow_crawl: Path, tmp_path: Path) -> None:
+    proc, worker = _replay_with_forked_worker(slow_crawl, tmp_path)
+    proc.kill()
+    proc.communicate(timeout=60)
+    assert _gone(worker), f"a worker still runs {GONE_WITHIN_S} s after SIGKILL of replay"

@@ -50,8 +50,8 @@ def crawl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 def _ready_pool(pools: list[AnalysisPool]) -> type[AnalysisPool]:
     class Ready(AnalysisPool):
-        def start(self) -> None:
-            super().start()
+        def start(self, *, fork: bool = False) -> None:
+            super().start(fork=fork)
             if self not in pools:
                 pools.append(self)
                 assert self.wait_ready(60)

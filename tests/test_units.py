@@ -209,3 +209,24 @@ def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
     two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
     assert source.units_there > 0 and most == 1
     assert two.decisions == one.decisions
+
+
+def test_units_planned_ahead_are_bounded_by_their_bytes(
+        crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their results wait here until decided: units are planned ahead until AHEAD_BYTES of
+    input (at least one unit), and the decisions stay the same."""
+    most = 0
+
+    class Counting(units.UnitSource):
+        def _plan_ahead(self) -> None:
+            nonlocal most
+            super()._plan_ahead()
+            most = max(most, len(self._slots))
+
+    settings = Settings(batch_size=7)
+    one = MemorySink()
+    replay(crawl, one, settings)
+    monkeypatch.setattr(units, "AHEAD_BYTES", 1)
+    two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
+    assert most == 1 and source.units_there + source.units_here > 3
+    assert two.decisions == one.decisions

@@ -9,7 +9,11 @@ The Redis must be empty and may be flushed (deploy/redis-local start /tmp/r give
      shared: ratios of medians). Pages are loaded first; parsing, sketching and deciding
      all count, as in a replay. Also: Redis round trips per batch, and that both backends
      gave the same decisions.
-  2. Instances: the synthetic crawl split in two halves by page number (as two Kafka
+  2. The same through `stream-dedup replay` (fresh processes, alternated; the replay's own
+     seconds: reading the files, deciding, writing), --index memory vs --index redis, on
+     the corpora (WARC files + httpbis as JSONL) and the synthetic crawl as JSONL: what one
+     instance does end to end, reading included (stage 1 leaves it out).
+  3. Instances: the synthetic crawl split in two halves by page number (as two Kafka
      partitions would split it), decided by 1 process (both halves, one after the other)
      and by 2 processes at once, each on the same Redis; pages/s of all decided.
 """
@@ -21,7 +25,9 @@ import json
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import benchlib
 from benchlib import load_httpbis_pages, load_warc_pages, synthetic_pages
@@ -32,6 +38,7 @@ from stream_dedup.pipeline import Deduplicator
 
 sys.path.insert(0, str(benchlib.REPO / "tests"))
 from indexkit import flush_redis  # noqa: E402
+from workers import run_replay, write_jsonl  # noqa: E402
 
 
 def decide(pages: list[Page], settings: Settings) -> tuple[float, list[Decision], float]:
@@ -69,6 +76,25 @@ def throughput(name: str, pages: list[Page], url: str, rounds: int) -> None:
     mem, red = statistics.median(rates["memory"]), statistics.median(rates["redis"])
     print(f"{name:<22} {len(pages):>7,} {mem:>12,.0f} {red:>12,.0f} {red / mem:>7.2f} "
           f"{trips:>12.1f} {'yes' if agree else 'NO':>10}", flush=True)
+
+
+def replay_throughput(name: str, files: list[Path], url: str, rounds: int) -> None:
+    """`replay` on the memory index against the Redis index, fresh processes, alternated."""
+    size = Settings().batch_size
+    rates: dict[str, list[float]] = {"memory": [], "redis": []}
+    pages = 0
+    for _ in range(rounds):
+        seconds, _, pages = run_replay(files, 1, size)
+        rates["memory"].append(pages / seconds)
+        flush_redis(url)
+        seconds, _, pages = run_replay(files, 1, size,
+                                       extra=("--index", "redis", "--redis-url", url))
+        rates["redis"].append(pages / seconds)
+    mem, red = statistics.median(rates["memory"]), statistics.median(rates["redis"])
+    each = ", ".join(f"{r / m:.2f}" for m, r in zip(rates["memory"], rates["redis"],
+                                                     strict=True))
+    print(f"{name:<22} {pages:>7,} {mem:>12,.0f} {red:>12,.0f} {red / mem:>7.2f}   "
+          f"(each round: {each})", flush=True)
 
 
 def instances(pages: int, url: str, rounds: int) -> None:
@@ -118,8 +144,17 @@ def main() -> int:
     print(f"{'input':<22} {'pages':>7} {'memory p/s':>12} {'redis p/s':>12} {'ratio':>7} "
           f"{'trips/batch':>12} {'same':>10}")
     warc, _ = load_warc_pages()
-    throughput("httpbis + WARC", load_httpbis_pages() + warc, args.redis_url, args.rounds)
-    throughput("synthetic crawl", synthetic_pages(args.pages), args.redis_url, args.rounds)
+    httpbis, synthetic = load_httpbis_pages(), synthetic_pages(args.pages)
+    throughput("httpbis + WARC", httpbis + warc, args.redis_url, args.rounds)
+    throughput("synthetic crawl", synthetic, args.redis_url, args.rounds)
+    print(f"\nreplay, end to end\n{'input':<22} {'pages':>7} {'memory p/s':>12} "
+          f"{'redis p/s':>12} {'ratio':>7}")
+    with tempfile.TemporaryDirectory() as tmp:
+        corpora = [*benchlib.warc_files(), write_jsonl(httpbis, Path(tmp) / "httpbis.jsonl")]
+        replay_throughput("httpbis + WARC", corpora, args.redis_url, args.rounds)
+        replay_throughput("synthetic crawl", [write_jsonl(synthetic, Path(tmp) / "syn.jsonl")],
+                          args.redis_url, args.rounds)
+    print()
     instances(args.pages, args.redis_url, args.rounds)
     return 0
 

@@ -62,14 +62,14 @@ def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
     return path
 
 
-def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO
-               ) -> tuple[float, float, int]:
+def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO,
+               extra: Sequence[str] = ()) -> tuple[float, float, int]:
     """(replay seconds from the summary, whole process seconds, pages) of the package in
-    `code` (a checkout)."""
+    `code` (a checkout); `extra`: more options."""
     with tempfile.NamedTemporaryFile(suffix=".json") as summary:
         cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
                str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
-               "--summary-json", summary.name]
+               "--summary-json", summary.name, *extra]
         env = dict(os.environ, PYTHONPATH=str(code))
         started = time.perf_counter()
         # From within the checkout: `python -m` puts the working directory first on the

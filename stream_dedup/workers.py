@@ -8,8 +8,10 @@
 A parent that runs no other thread yet forks its workers itself instead (`pool(fork=True)`):
 they start in milliseconds with everything it has loaded, where a forkserver first starts a
 new interpreter that imports the package (~0.35 s before the first worker takes a task).
-Forking is safe only then (a lock another thread holds would stay held in the child), so a
-pool started later (serve's, a replacement for a broken pool) comes from the forkserver.
+Forking is safe only then: a lock another Python thread holds (logging's, an import lock)
+would stay held in the child. So a pool started later (serve's, a replacement for a broken
+pool) comes from the forkserver. Native threads do not count (OpenBLAS's, RocksDB's with
+`--index lsm`): a worker never calls into those libraries, and leaves by os._exit.
 A forked worker sets the stop signals to ignored itself (blocked by the parent around the
 fork until then), and closes its copy of the `alive` pipe's write end.
 
@@ -126,7 +128,8 @@ def start_forkserver() -> Any:
 
 
 def can_fork() -> bool:
-    """Whether workers may be forked from this process now: it runs no other thread."""
+    """Whether workers may be forked from this process now: it runs no other Python thread
+    (see the module's docstring for native ones)."""
     return threading.active_count() == 1 and threading.current_thread() is \
         threading.main_thread()
 

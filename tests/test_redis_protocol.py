@@ -93,6 +93,7 @@ def test_a_younger_page_that_read_first_is_flagged_and_decides_again(two) -> Non
     if b.records is not None:  # young's record, written for the lost keep, went with the drop
         assert b.records.get(b.layout.doc_key(YOUNG)) is None
         assert b.records.get(b.layout.doc_key(OLD)) is not None
+    assert not a._unkept and not b._unkept  # nothing left to clean up
 
 
 def test_a_page_that_sees_an_older_one_pending_waits_for_it(two) -> None:  # type: ignore[no-untyped-def]

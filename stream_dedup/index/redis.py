@@ -63,6 +63,10 @@ log = logging.getLogger("stream_dedup.index")
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
+# Pages whose records went to the records store before their keep held, at most: one
+# left out is one whose keep another instance's copy won (the record is theirs too)
+# or whose record, if the page is dropped later, waits for retention instead.
+UNKEPT_HELD = 100_000
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 _EMPTY: list[int] = []
 
@@ -83,7 +87,7 @@ class RedisIndex(ScriptClient):
         # Another store for the verification records (None: the index's own): written in a
         # round trip before the records turn KEEP, so no instance finds one KEEP without it.
         self.records = connect(records_url) if records_url else None
-        self._unkept: set[int] = set()  # written there, for pages not (yet) kept
+        self._unkept: OrderedDict[int, None] = OrderedDict()  # written there, not kept yet
         # So far: pages told to wait for an older page decided elsewhere, claims lost
         # (decided again): the protocol at work, for benchmarks (and round_trips).
         self.waits = self.lost = 0
@@ -400,7 +404,7 @@ class RedisIndex(ScriptClient):
                 at = self.expire_at(c.probe.page_id)
                 pipe.set(self.layout.doc_key(c.probe.page_id), encode_doc(c.doc),
                          exat=at or None)
-                self._unkept.add(c.probe.page_id)
+                _remember(self._unkept, c.probe.page_id, None, UNKEPT_HELD)
             self._execute(pipe)
 
     def _forget_docs(self, page_ids: list[int]) -> None:
@@ -416,7 +420,8 @@ class RedisIndex(ScriptClient):
                 self._execute(pipe)
         except IndexUnavailable:
             return
-        self._unkept.difference_update(page_ids)
+        for q in page_ids:
+            self._unkept.pop(q, None)
 
     def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool],
                 leave: list[Any]) -> list[Any]:
@@ -448,7 +453,7 @@ class RedisIndex(ScriptClient):
                     if c.probe.page_id in self._unkept:
                         unkept.append(c.probe.page_id)
                 else:
-                    self._unkept.discard(c.probe.page_id)
+                    self._unkept.pop(c.probe.page_id, None)
         self._forget_docs(unkept)
         return leave
 

@@ -76,8 +76,8 @@ class Settings:
     # tags); fixed when the index is made. ~8 x pages held / (1,024 x buckets) fields each:
     # keep that under ~250 (docs/scale-out.md)
     redis_buckets: int = 128
-    # Redis: where kept pages' verification records go (~600 bytes each, read only to
-    # verify): another Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own Redis
+    # Redis: where kept pages' verification records go (~730 bytes of Redis RAM each, read
+    # only to verify): another Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
     redis_records_url: str = ""
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     # memory index: where what only verification reads (sketch, LD signature: ~640 bytes a

@@ -28,7 +28,7 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -371,11 +371,8 @@ class RedisIndex(ScriptClient):
         if not ask:
             return docs
         if self.records is not None:
-            with self._call("docs"):
-                pipe = self.records.pipeline(transaction=False)
-                for h in ask:
-                    pipe.get(self.layout.doc_key(h))
-                replies = self._execute(pipe)
+            replies = self._on_records(lambda pipe: [pipe.get(self.layout.doc_key(h))
+                                                     for h in ask])
         else:
             nodes = self._shard_nodes()
             items = []
@@ -397,15 +394,16 @@ class RedisIndex(ScriptClient):
         kept = [claims[i] for i in which if claims[i].doc is not None]
         if not kept or self.records is None:
             return
-        with self._call("docs"):
-            pipe = self.records.pipeline(transaction=False)
+
+        def write(pipe: Any) -> None:
             for c in kept:
                 assert c.doc is not None
                 at = self.expire_at(c.probe.page_id)
                 pipe.set(self.layout.doc_key(c.probe.page_id), encode_doc(c.doc),
                          exat=at or None)
                 _remember(self._unkept, c.probe.page_id, None, UNKEPT_HELD)
-            self._execute(pipe)
+
+        self._on_records(write)
 
     def _forget_docs(self, page_ids: list[int]) -> None:
         """Records written to the records store for pages then dropped (a keep claim lost,
@@ -413,15 +411,20 @@ class RedisIndex(ScriptClient):
         if not page_ids or self.records is None:
             return
         try:
-            with self._call("docs"):
-                pipe = self.records.pipeline(transaction=False)
-                for q in page_ids:
-                    pipe.delete(self.layout.doc_key(q))
-                self._execute(pipe)
+            self._on_records(lambda pipe: [pipe.delete(self.layout.doc_key(q))
+                                           for q in page_ids])
         except IndexUnavailable:
             return
         for q in page_ids:
             self._unkept.pop(q, None)
+
+    def _on_records(self, fill: Callable[[Any], object]) -> list[Any]:
+        """One round trip to the records store: the commands `fill` puts in a pipeline."""
+        assert self.records is not None
+        with self._call("docs"):
+            pipe = self.records.pipeline(transaction=False)
+            fill(pipe)
+            return self._execute(pipe)
 
     def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool],
                 leave: list[Any]) -> list[Any]:

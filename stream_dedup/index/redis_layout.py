@@ -12,7 +12,7 @@ tag (fixed when the index is made), each a compact listpack of a few dozen field
                   of the pages that have it, sorted (a page's "key": a set of ids)
     {n}P<bucket>  hash; field <id>: the page's state and expiry, then its lease or (final)
                   its decision (see _COMMON)
-    {n}D<id>      string: a kept page's verification record (encode_doc), ~600 bytes; in
+    {n}D<id>      string: a kept page's verification record (encode_doc), ~730 bytes; in
                   the index's Redis or in a records store (redis.py)
     stream-dedup:stamp  "<sketch stamp>:<SHARDS>:<FORMAT>:<buckets>"
     stream-dedup:pages  pages kept

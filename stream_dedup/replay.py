@@ -131,7 +131,7 @@ def replay(
             # The processes read and analyse units of the input themselves (units.py);
             # until they are up, this process reads every unit. Forked from this process
             # before it starts any thread (the progress bar's, the runner's), they are
-            # ready in milliseconds (from the forkserver: ~0.35 s).
+            # ready in milliseconds (from the forkserver: 0.37-0.50 s).
             pool.start(fork=True)
             source = UnitSource([Path(p) for p in paths], dedup.analyzer, pool)
         else:

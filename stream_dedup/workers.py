@@ -7,7 +7,7 @@
 
 A parent that runs no other thread yet forks its workers itself instead (`pool(fork=True)`):
 they start in milliseconds with everything it has loaded, where a forkserver first starts a
-new interpreter that imports the package (~0.35 s before the first worker takes a task).
+new interpreter that imports the package (0.37-0.50 s before the first worker took a task).
 Forking is safe only then: a lock another Python thread holds (logging's, an import lock)
 would stay held in the child. So a pool started later (serve's, a replacement for a broken
 pool) comes from the forkserver. Native threads do not count (OpenBLAS's, RocksDB's with

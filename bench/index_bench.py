@@ -1,9 +1,10 @@
 """Feature index benchmark: memory vs LSM vs Redis in one run, through the index seam.
 
-For N pages (generated: 6 random 64-bit features, raw and canonical fingerprints, an
-84-value sketch, a 200-byte LD signature and a 50-byte URL per page) it drives each backend
-as the deduplicator does, per batch of --batch pages: one `lookup` (exact layers and the 6
-features' posting lists), then one `claim` of the batch (every page kept). It reports:
+For N pages (generated: --keys random 64-bit index keys, 11 by default: 6 features and 5
+band keys; raw and canonical fingerprints, an 84-value sketch, a 200-byte LD signature, a
+50-byte URL and a --shingle-bytes shingle set per page) it drives each backend as the
+deduplicator does, per batch of --batch pages: one `lookup` (exact layers and the keys'
+posting lists), then one `claim` of the batch (every page kept). It reports:
   - pages/s through the seam (index work only: no parsing, no deciding);
   - bytes per page: memory = the index structures (features + exact maps); LSM = the
     features column family on disk after a flush + compaction, and the whole directory
@@ -76,15 +77,16 @@ def _breakdown(clients: list, pages: int, every: int = 20) -> dict[str, float]:
 
 
 def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: Path,
-        redis_url: str, records_url: str) -> dict:
+        redis_url: str, records_url: str, keys: int, shingle_bytes: int) -> dict:
     rng = np.random.default_rng(seed)
-    features = rng.integers(0, 2**63, size=(pages, 6), dtype=np.uint64)
+    features = rng.integers(0, 2**63, size=(pages, keys), dtype=np.uint64)
     dups = np.flatnonzero(rng.random(pages) < dup_share)
     dups = dups[dups > 0]
     sources = rng.integers(0, dups, dtype=np.int64) if dups.size else dups
     features[dups, :3] = features[sources, :3]
     sketches = rng.integers(0, 2**32, size=(4096, 84), dtype=np.uint32)  # realistic entropy
     signature = bytes(range(200))
+    sets = rng.bytes(shingle_bytes + 4096)  # a page's set: a slice at its own offset
     index: FeatureIndex
     if backend.startswith("redis"):
         flush_redis(redis_url)
@@ -107,7 +109,8 @@ def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: 
             probes.append(Probe(ids[i], i, i + pages, feats))
             docs.append(StoredDoc(f"https://www.example-{i % 1000}.com/news/article/{i}.html",
                                   feats, sketches[i % 4096] ^ np.uint32(i), signature, 9000,
-                                  i, i + pages, None, ids[i]))
+                                  i, i + pages, None, ids[i],
+                                  sets[i % 4096 : i % 4096 + shingle_bytes]))
         for answer in index.lookup(probes):
             found += sum(1 for posting in answer.postings if posting)
         index.claim([Claim(p, d, Decision(d.url, "keep", "unique", page_id=d.page_id))
@@ -151,6 +154,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500, help="pages per commit (500)")
     parser.add_argument("--dup-share", type=float, default=0.2)
     parser.add_argument("--tmp", default=None, help="where the LSM directory goes")
+    parser.add_argument("--keys", type=int, default=11,
+                        help="index keys a page: features + band keys (11 = 6 + 5)")
+    parser.add_argument("--shingle-bytes", type=int, default=7_644,
+                        help="a record's shingle set, 4 B a shingle (7,644: the long WARC "
+                        "pages' mean; 0: none, as with --no-verify-exact)")
     args = parser.parse_args()
     print(f"# {' '.join(sys.argv)}  (nproc={os.cpu_count()}, python {sys.version.split()[0]})")
     print(f"{'backend':<8} {'pages':>10} {'seconds':>9} {'pages/s':>10} "
@@ -161,7 +169,7 @@ def main() -> int:
             tmp = Path(tempfile.mkdtemp(dir=args.tmp))
             try:
                 r = run(backend, pages, args.batch, args.dup_share, 7, tmp, args.redis_url,
-                        args.redis_records_url)
+                        args.redis_records_url, args.keys, args.shingle_bytes)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             kinds = "  ".join(f"{k} {b:.1f}" for k, b in r["breakdown"].items())

@@ -288,8 +288,13 @@ def rensa_system(num_perm: int, bands: int, threshold: float = 0.8) -> System:
 def systems() -> tuple[dict[str, System], list[str]]:
     """Every system that can run here, and a note per one that cannot."""
     out: dict[str, System] = {
-        "stream-dedup, defaults (verify_rate=1)": ours(Settings()),
+        "stream-dedup, defaults (bands 5x4, exact J, verify_rate=1)": ours(Settings()),
         "stream-dedup, verify_rate=0": ours(Settings(verify_rate=0.0)),
+        "stream-dedup, bands 8x5": ours(Settings(bands=8, band_size=5)),
+        "stream-dedup, bands=0 (features only), exact J": ours(Settings(bands=0)),
+        "stream-dedup, bands 5x4, verify_exact=False": ours(Settings(verify_exact=False)),
+        "stream-dedup before issue 16 (bands=0, verify_exact=False)": ours(
+            Settings(bands=0, verify_exact=False)),
         "stream-dedup, verify_single_feature=False": ours(Settings(verify_single_feature=False)),
     }
     missing = []

@@ -5,14 +5,16 @@ index, with its breakdown, and the LSM directory's bytes per page on disk.
 Each size runs in a fresh child process. The child generates kept pages 10,000 at a time
 (their transient memory is small and reused) and drives the index through its seam as the
 deduplicator does (bench/index_bench.py's loop): per batch of --batch pages one `lookup`
-(exact layers + the 6 features' posting lists), one `claim` of the batch (every page
-kept), one `commit`. A --dup-share of the pages reuses 3 features of one of the 65,536 most
-recent pages, so lookups find candidates (a ring buffer allocated before the baseline, so
-it is not counted).
+(exact layers + the 6 features' and 5 band keys' posting lists), one `claim` of the batch
+(every page kept), one `commit`. A --dup-share of the pages reuses 3 features of one of the
+65,536 most recent pages, so lookups find candidates (a ring buffer allocated before the
+baseline, so it is not counted).
 
 The records are built the way the engine builds them (measured on the WARC replay:
-`StoredDoc` from decide._keep): `features` and `sketch` are numpy views on `bytes` objects
-(what the native kernels return: 48 and 336 bytes), a 300-byte LD signature (the WARC
+`StoredDoc` from decide._keep): `features` (6 features + 5 band keys) and `sketch` are
+numpy views on `bytes` objects (what the native kernels return: 88 and 336 bytes), the
+shingle set for exact verification (--shingle-bytes, 4 a shingle: the long WARC pages' mean
+is 1,911 shingles, 7,644 B; random values), a 300-byte LD signature (the WARC
 pages' mean is 316 B for a 9,400-character text at c = 32; 115 equally likely byte values,
 the entropy of theirs), a 60-character URL (WARC mean 61), a 20-character `fetched_at`,
 64-bit raw and canonical fingerprints (Python ints), text_length 9,400, the page id.
@@ -66,6 +68,8 @@ from stream_dedup.index.memory import DocArena  # noqa: E402
 
 CHUNK = 10_000
 RING = 65_536
+KEYS = 11  # 6 features + 5 band keys (Settings' defaults)
+SHINGLE_BYTES = 7_644  # 1,911 shingles: the long WARC pages' mean
 SIG_BYTES = 300
 TEXT_LENGTH = 9_400
 # LD signature symbols: the WARC replay's signatures carry 6.84 bits of entropy per byte
@@ -92,14 +96,15 @@ def _trim() -> None:
 class Pages:
     """Kept pages as the engine would store them, chunk by chunk (see the docstring)."""
 
-    def __init__(self, seed: int, dup_share: float) -> None:
+    def __init__(self, seed: int, dup_share: float, shingle_bytes: int) -> None:
         self.rng = np.random.default_rng(seed)
         self.dup_share = dup_share
-        self.ring = np.zeros((RING, 6), dtype=np.uint64)
+        self.shingle_bytes = shingle_bytes
+        self.ring = np.zeros((RING, KEYS), dtype=np.uint64)
 
     def chunk(self, lo: int, m: int) -> tuple[list[Probe], list[StoredDoc]]:
         rng = self.rng
-        feats = rng.integers(0, 2**64 - 1, size=(m, 6), dtype=np.uint64, endpoint=True)
+        feats = rng.integers(0, 2**64 - 1, size=(m, KEYS), dtype=np.uint64, endpoint=True)
         for i in np.flatnonzero(rng.random(m) < self.dup_share).tolist():
             held = min(lo, RING)  # the ring holds the earlier chunks' pages
             if held:
@@ -109,12 +114,14 @@ class Pages:
         symbols = rng.integers(0, SIG_ALPHABET.shape[0], size=m * SIG_BYTES)
         sigs = SIG_ALPHABET[symbols].tobytes()
         fbytes = feats.tobytes()
+        sets = rng.bytes(m * self.shingle_bytes)  # random: an LSM block cannot compress it
+        kb, sb = KEYS * 8, self.shingle_bytes
         probes, docs = [], []
         stamp = time.strftime("%Y-%m-%dT%H:%M:", time.gmtime())
         for i in range(m):
             pid = lo + i
             o = i * 336
-            features = np.frombuffer(fbytes[i * 48 : i * 48 + 48], dtype=np.uint64)
+            features = np.frombuffer(fbytes[i * kb : i * kb + kb], dtype=np.uint64)
             sketch = np.frombuffer(blob[o : o + 336], dtype=np.uint32)
             raw_fp, canonical_fp = fps[i]
             probes.append(Probe(pid, raw_fp, canonical_fp, features))
@@ -122,6 +129,7 @@ class Pages:
                 f"https://www.site-{pid % 5000:04d}.example.com/news/2026/11/article-{pid}.html",
                 features, sketch, sigs[i * SIG_BYTES : (i + 1) * SIG_BYTES], TEXT_LENGTH,
                 raw_fp, canonical_fp, f"{stamp}{pid % 60:02d}Z", pid,
+                sets[i * sb : (i + 1) * sb],
             ))
         ring_at = np.arange(lo, lo + m) % RING
         self.ring[ring_at] = feats
@@ -166,8 +174,8 @@ def record_breakdown(docs: list[StoredDoc], sample: int = 10_000) -> dict[str, t
 
 
 def child_memory(n: int, batch: int, dup_share: float, floor: float, records: str,
-                 tmp: str | None) -> dict[str, Any]:
-    gen = Pages(20261124, dup_share)
+                 tmp: str | None, shingle_bytes: int) -> dict[str, Any]:
+    gen = Pages(20261124, dup_share, shingle_bytes)
     index = MemoryIndex(Settings().params.stamp, Settings().max_posting,
                         (tmp or "") if records == "disk" else None)
     gc.collect()
@@ -220,12 +228,13 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float, records: st
     }
 
 
-def child_lsm(n: int, batch: int, dup_share: float, tmp: str | None) -> dict[str, Any]:
+def child_lsm(n: int, batch: int, dup_share: float, tmp: str | None,
+              shingle_bytes: int) -> dict[str, Any]:
     from stream_dedup.index.lsm import LsmIndex
 
     where = Path(tempfile.mkdtemp(dir=tmp))
     try:
-        gen = Pages(20261124, dup_share)
+        gen = Pages(20261124, dup_share, shingle_bytes)
         index = LsmIndex(where / "lsm", Settings().params.stamp)
         spent = 0.0
         for lo in range(0, n, CHUNK):
@@ -301,6 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="where the memory index keeps what verification reads (both)")
     ap.add_argument("--tmp", default=None, help="where the LSM directory and the memory "
                     "index's record file go")
+    ap.add_argument("--shingle-bytes", type=int, default=SHINGLE_BYTES,
+                    help="a record's shingle set (4 B a shingle; default the long WARC pages' "
+                    "mean). It goes to the record file, not RAM: 10M pages of the default need "
+                    "~76 GB of disk")
     ap.add_argument("--min-available-gib", type=float, default=1.5,
                     help="a memory child stops when MemAvailable falls below this (1.5)")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "N"), help=argparse.SUPPRESS)
@@ -308,13 +321,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         kind, n = args.child[0], int(args.child[1])
         r = (child_memory(n, args.batch, args.dup_share, args.min_available_gib * 2**30,
-                          kind.split(":")[1], args.tmp)
+                          kind.split(":")[1], args.tmp, args.shingle_bytes)
              if kind.startswith("memory")
-             else child_lsm(n, args.batch, args.dup_share, args.tmp))
+             else child_lsm(n, args.batch, args.dup_share, args.tmp, args.shingle_bytes))
         print(json.dumps(r))
         return 0
     print(benchlib.header("# bench/memory.py"))
     common = ["--batch", str(args.batch), "--dup-share", str(args.dup_share),
+              "--shingle-bytes", str(args.shingle_bytes),
               "--min-available-gib", str(args.min_available_gib)]
     results: list[dict[str, Any]] = []
     notes = []

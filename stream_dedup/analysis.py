@@ -70,7 +70,7 @@ class Analyzer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sketcher = Sketcher(settings.params)
+        self.sketcher = Sketcher(settings.params, (settings.bands, settings.band_size))
         if kernels() != "compiled":
             log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
                         "was not built or not bound): same decisions, several times slower; "
@@ -113,10 +113,11 @@ class Analyzer:
         if a.shingle_count < self.settings.min_shingles:
             return a
         started = perf_counter()
-        sk, features, sig = self.sketcher.page(tokens.hashes, tokens.codepoints)
+        sk, keys, sig, tops = self.sketcher.page(tokens.hashes, tokens.codepoints)
         # Built directly: dataclasses.replace costs several µs a page.
         return Analysis(a.page, a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, sk,
-                        features, sig, None, a.canonical_s, perf_counter() - started)
+                        keys, sig, None, a.canonical_s, perf_counter() - started,
+                        shingles=tops if self.settings.verify_exact else b"")
 
 
 _WORKER: Analyzer | None = None

@@ -112,14 +112,24 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
     ],
     "verification of near-duplicate candidates": [
         Flag("verify_rate", "share of candidates verified, 0..1", "P"),
-        Flag("verify_min_resemblance", "full-sketch resemblance needed to confirm", "X"),
+        Flag("verify_exact", "verify by the exact Jaccard of the two pages' shingle sets "
+             "(each kept page stores its set with its record, 4 B a shingle: on disk with "
+             "the memory index's default); off: by the 84-hash estimate (sd ~0.04)"),
+        Flag("verify_min_jaccard", "exact Jaccard needed to confirm, both tiers", "X"),
+        Flag("bands", "LSH bands of the min-hashes, more candidates for near-verified: with "
+             "5 x 4 a page at J 0.85 shares a band with chance 0.975 (a feature: 0.48); "
+             "each band costs an index entry a kept page (8 B in memory); 0: features only",
+             "B"),
+        Flag("band_size", "min-hashes per band", "N"),
+        Flag("verify_min_resemblance", "full-sketch resemblance needed to confirm (pages "
+             "without a stored shingle set, or --no-verify-exact)", "X"),
         Flag("verify_max_ld_ratio", "estimated Levenshtein distance / length allowed", "X"),
         Flag("verify_max_candidates", "candidates tried per page before it is kept as "
              "verified-distinct", "N"),
         Flag("verify_single_feature", "verify pages that share fewer than r features (but "
              "one) and drop them as near-verified when verification says so"),
-        Flag("near_verified_min_resemblance", "resemblance such a near-verified drop needs",
-             "X"),
+        Flag("near_verified_min_resemblance", "resemblance such a near-verified drop needs "
+             "(when verified by the estimate)", "X"),
         Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
         Flag("ld_n", "LD signature window, characters", "N"),
     ],

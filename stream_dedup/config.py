@@ -50,6 +50,17 @@ class Settings:
     # ... with a stricter bar: the 84-hash estimate has a standard error of ~0.04, and on
     # the httpbis drafts 0.80 let 8 of 53 such drops with J8 0.775-0.8 through, 0.85 let 1 of 40.
     near_verified_min_resemblance: float = 0.85
+    # More candidates for the near-verified tier: `bands` LSH bands of `band_size` of the
+    # same min-hashes, index keys besides the features (8 bytes a band a kept page in the
+    # memory index). Pages at resemblance 0.85 share one with probability 0.975 (5 x 4:
+    # 1 - (1 - 0.85**4)**5), a feature 0.48. 0: the features alone.
+    bands: int = 5
+    band_size: int = 4
+    # Verify by the exact Jaccard of the two pages' shingle sets, at verify_min_jaccard in
+    # both tiers (the bars above then apply only to pages stored without one). A kept page
+    # stores its set with its verification record: 4 bytes a shingle (on disk by default).
+    verify_exact: bool = True
+    verify_min_jaccard: float = 0.80
     ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
     ld_n: int = _PARAMS.ld_n  # ... over windows of n (4) characters (stamped)
     # --- the Kafka service (`serve`) ---
@@ -109,6 +120,13 @@ class Settings:
             raise ConfigError("verify_min_resemblance must be in [0, 1]")
         if not 0.0 <= self.near_verified_min_resemblance <= 1.0:
             raise ConfigError("near_verified_min_resemblance must be in [0, 1]")
+        if not 0.0 <= self.verify_min_jaccard <= 1.0:
+            raise ConfigError("verify_min_jaccard must be in [0, 1]")
+        if self.bands < 0 or self.band_size < 1 or \
+                self.bands * self.band_size > params.num_perm:
+            raise ConfigError(f"bands ({self.bands}) x band_size ({self.band_size}) must fit "
+                              f"in the {params.num_perm} min-hashes (bands >= 0, band_size "
+                              ">= 1)")
         if not 0.0 <= self.verify_max_ld_ratio <= 1.0:
             raise ConfigError("verify_max_ld_ratio must be in [0, 1]")
         if self.min_shingles < 1:

@@ -4,11 +4,15 @@
     canonical fingerprint stored ──> drop "canonical"
     (fewer than min_shingles shingles: keep "unique", short=True; exact layers only)
     features' posting lists ─> pages sharing >= r features
-        none ─> pages sharing 1..r-1 (verify_single_feature)? verify them: drop
-                "near-verified" if one passes, else keep "unique"
+        none ─> pages sharing 1..r-1 features or a band key (verify_single_feature)?
+                verify them: drop "near-verified" if one passes, else keep "unique"
         some ─> sampled? verify the best (resemblance + estimated LD)
                    passes ─> drop "near" (verified)      fails ─> keep "verified-distinct"
                 not sampled ─> drop "near" (unverified)
+
+Verification: the exact Jaccard of the shingle sets (verify_exact, when both pages have
+one) at verify_min_jaccard, else the sketch's estimate at the tier's bar; and Coates'
+estimated LD ratio.
 
 No I/O and no state between calls: the index was asked once for the whole batch
 (`FeatureIndex.lookup`); a page kept earlier in the same batch joins an `Overlay` that
@@ -19,6 +23,7 @@ pages count (a dropped page is not indexed: no drift by chaining).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -27,7 +32,7 @@ import numpy as np
 
 from .config import Settings
 from .core import ldsig
-from .core.sketch import resemblance
+from .core.sketch import jaccard, resemblance, shingle_set
 from .errors import PageError
 from .index.base import Answer, StoredDoc, rank_candidates
 from .models import (
@@ -62,7 +67,7 @@ class Analysis:
     text_length: int = 0
     shingle_count: int = 0
     sketch: np.ndarray | None = None
-    features: np.ndarray | None = None
+    features: np.ndarray | None = None  # the k features, then the band keys: index keys
     ld_signature: bytes = b""
     error: PageError | None = None
     canonical_s: float = 0.0  # seconds in decode + extract + canonicalize
@@ -70,6 +75,8 @@ class Analysis:
     # The body's length, when the page comes without its body (read and analysed in a
     # worker process: the body need not cross back); None: len(page.body).
     body_bytes: int | None = None
+    # Its shingles' top 32 bits (sketch.shingle_tops), for exact verification; b"": none
+    shingles: bytes = b""
 
 
 @dataclass(slots=True)
@@ -153,17 +160,21 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
         return _keep(a, pid, UNIQUE, keep_ids, short=True)
     if a.sketch is None or a.features is None:
         raise ValueError("decide_batch needs a sketched Analysis for a long page")
-    handles: list[int] = []
-    for feature, stored in zip(a.features.tolist(), answer.postings, strict=True):
-        mine = overlay.postings.get(feature)
-        if mine is None:
+    handles: list[int] = []  # pages in the features' posting lists
+    banded: list[int] = []  # ... in the band keys'
+    for i, (key, stored) in enumerate(zip(a.features.tolist(), answer.postings, strict=True)):
+        mine = overlay.postings.get(key)
+        if mine is not None:  # the batch's own pages are the newest: they push the oldest out
+            stored = (stored + mine)[-s.max_posting:]
+        if i < s.groups:
             handles += stored
-        else:  # the batch's own pages are the newest: they push the oldest out
-            handles += (stored + mine)[-s.max_posting:]
-    found = rank_candidates(handles, 1 if s.verify_single_feature else s.threshold)
-    weak = [c for c in found if c[1] < s.threshold]
-    found = [c for c in found if c[1] >= s.threshold]
-    if not found and weak:
+        else:
+            banded += stored
+    found = rank_candidates(handles, s.threshold)
+    if not found and s.verify_single_feature and (handles or banded):
+        # Most keys shared first (features and bands); a drop reports the features shared.
+        shared = Counter(handles)
+        weak = [(h, shared[h]) for h, _ in rank_candidates(handles + banded, 1)]
         started = perf_counter()
         confirmed, _ = _verify(a, weak, docs, overlay, s, NEAR_VERIFIED,
                                s.near_verified_min_resemblance)
@@ -179,10 +190,10 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
         best, shared = found[0]
         return _drop(a, NEAR, best, docs, overlay, shared=shared)
     started = perf_counter()
-    confirmed, (res, ld) = _verify(a, found, docs, overlay, s)
+    confirmed, (res, ld, j) = _verify(a, found, docs, overlay, s)
     if confirmed is None:
         confirmed = _keep(a, pid, VERIFIED_DISTINCT, keep_ids, shared=found[0][1],
-                          resemblance=res, ld=ld)
+                          resemblance=res, ld=ld, jaccard=j)
     confirmed.verify_s = perf_counter() - started
     return confirmed
 
@@ -198,18 +209,27 @@ def sampled(canonical_fp: int | None, rate: float) -> bool:
 def _verify(
     a: Analysis, found: list[tuple[int, int]], docs: _Docs, overlay: Overlay, s: Settings,
     reason: str = NEAR, min_resemblance: float | None = None,
-) -> tuple[Verdict | None, tuple[float, float]]:
+) -> tuple[Verdict | None, tuple[float, float, float | None]]:
     """The confirmed near-duplicate verdict (or None), and the first candidate's
-    (resemblance, estimated LD) for a NEAR verification (what `verified-distinct`
-    reports). A candidate below the resemblance bar fails whatever its distance, so its
-    LD estimate (the costly part on long pages) is skipped unless it is reported."""
+    (resemblance, estimated LD, exact Jaccard or None) for a NEAR verification (what
+    `verified-distinct` reports). Close enough: the exact Jaccard of the shingle sets at
+    verify_min_jaccard when both pages have one (verify_exact), else the sketch's estimate
+    at the tier's bar. A candidate not close enough fails whatever its distance, so its LD
+    estimate (the costly part on long pages) is skipped unless it is reported."""
     assert a.sketch is not None
     bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
-    first_seen: tuple[float, float] | None = None
+    mine = None  # the page's shingle set, made at its first exact comparison
+    first_seen: tuple[float, float, float | None] | None = None
     for handle, shared in found[: s.verify_max_candidates]:
         doc = docs[handle]
         res = resemblance(a.sketch, doc.sketch)
-        if res < bar and (first_seen is not None or reason != NEAR):
+        j = None
+        if a.shingles and doc.shingles and s.verify_exact:
+            if mine is None:
+                mine = shingle_set(a.shingles)
+            j = jaccard(mine, shingle_set(doc.shingles))
+        close = res >= bar if j is None else j >= s.verify_min_jaccard
+        if not close and (first_seen is not None or reason != NEAR):
             continue
         limit = s.verify_max_ld_ratio * max(a.text_length, doc.text_length)
         ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c, limit)
@@ -217,16 +237,16 @@ def _verify(
         if first_seen is None:
             if ld > limit and reason == NEAR:  # fails; its exact estimate is reported
                 ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
-            first_seen = (res, float(ld))
-        if res >= bar and ratio <= s.verify_max_ld_ratio:
+            first_seen = (res, float(ld), j)
+        if close and ratio <= s.verify_max_ld_ratio:
             return _drop(a, reason, handle, docs, overlay, shared=shared, resemblance=res,
-                         ld=float(ld), verified=True), (res, float(ld))
-    return None, first_seen or (0.0, 0.0)  # (0, 0) only for NEAR_VERIFIED: not reported
+                         ld=float(ld), jaccard=j, verified=True), (res, float(ld), j)
+    return None, first_seen or (0.0, 0.0, None)  # (0, 0) only for NEAR_VERIFIED: not reported
 
 
 def _keep(
     a: Analysis, pid: int, reason: str, keep_ids: bool, *, short: bool = False, shared: int = 0,
-    resemblance: float | None = None, ld: float | None = None,
+    resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
 ) -> Verdict:
     assert a.canonical_fp is not None
     page_id = pid if keep_ids else None
@@ -235,22 +255,24 @@ def _keep(
         a.features if a.features is not None else _NO_FEATURES,
         a.sketch if a.sketch is not None else _NO_SKETCH,
         a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, a.page.fetched_at,
-        pid,
+        pid, a.shingles,
     )
     return Verdict(Decision(
         a.page.url, "keep", reason, page_id=page_id, shared_features=shared,
-        resemblance=resemblance, ld_estimate=ld, short=short, source=a.page.source,
+        resemblance=resemblance, ld_estimate=ld, jaccard=jaccard, short=short,
+        source=a.page.source,
     ), doc)
 
 
 def _drop(
     a: Analysis, reason: str, handle: int, docs: _Docs, overlay: Overlay, *, shared: int = 0,
-    resemblance: float | None = None, ld: float | None = None, verified: bool = False,
+    resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
+    verified: bool = False,
 ) -> Verdict:
     first = docs[handle]
     depends_on = overlay.batch_index[handle - OVERLAY] if handle >= OVERLAY else None
     return Verdict(Decision(
         a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
-        shared_features=shared, resemblance=resemblance, ld_estimate=ld, verified=verified,
-        source=a.page.source,
+        shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
+        verified=verified, source=a.page.source,
     ), depends_on=depends_on)

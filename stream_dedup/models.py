@@ -80,6 +80,9 @@ class Decision:
     resemblance: float | None = None
     ld_estimate: float | None = None
     verified: bool = False
+    # The exact Jaccard of the two pages' shingle sets, when verification computed it
+    # (`resemblance` is then still the 84-hash estimate, for comparison)
+    jaccard: float | None = None
     short: bool = False
     error: str | None = None
     source: str | None = None
@@ -98,6 +101,7 @@ class Decision:
             "shared_features": self.shared_features,
             "resemblance": self.resemblance,
             "ld_estimate": self.ld_estimate,
+            "jaccard": self.jaccard,
             "verified": self.verified,
             "short": self.short,
             "error": self.error,

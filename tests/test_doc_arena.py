@@ -1,7 +1,7 @@
 """The memory index's records as columns (DocArena): every field of every row comes back
 as it went in, across chunk boundaries, for short pages without a sketch, 98-bit ids and
-URLs that are not valid UTF-8; with the sketches and signatures in RAM or in the record
-file (across its buffer flushes, and after a write that failed)."""
+URLs that are not valid UTF-8; with the sketches, shingle sets and signatures in RAM or in
+the record file (across its buffer flushes, and after a write that failed)."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def _doc(i: int, width: int = 84) -> StoredDoc:
     sketch = rng.integers(0, 2**32, width, dtype=np.uint32) if i % 5 else np.zeros(0, np.uint32)
     return StoredDoc(f"https://example.org/{i}/\udcff{'x' * (i % 17)}", np.zeros(6, np.uint64),
                      sketch, bytes(rng.integers(0, 256, i % 300, dtype=np.uint8)), 7 * i,
-                     2**64 - 1 - i, i * 31, "2026-01-01T00:00:00Z", (i << 70) | (2**64 - 1 - i))
+                     2**64 - 1 - i, i * 31, "2026-01-01T00:00:00Z", (i << 70) | (2**64 - 1 - i),
+                     bytes(rng.integers(0, 256, 4 * (i % 7), dtype=np.uint8)))
 
 
 def _same(got: StoredDoc, want: StoredDoc) -> bool:
     return (got.url == want.url and np.array_equal(got.sketch, want.sketch)
             and got.ld_signature == want.ld_signature and got.text_length == want.text_length
             and got.raw_fp == want.raw_fp and got.canonical_fp == want.canonical_fp
-            and got.page_id == want.page_id)
+            and got.page_id == want.page_id and got.shingles == want.shingles)
 
 
 @pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "file"])
@@ -52,8 +53,10 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
     assert arena.nbytes["url"] == sum(len(d.url.encode("utf-8", "surrogatepass")) for d in docs)
     with pytest.raises(IndexError):
         arena[100]
-    verification = sum(4 * d.sketch.shape[0] + len(d.ld_signature) for d in docs)
-    in_ram, on_disk_bytes = arena.nbytes["sketch + LD signature"], arena.nbytes["on_disk"]
+    verification = sum(4 * d.sketch.shape[0] + 4 + len(d.shingles) + len(d.ld_signature)
+                       for d in docs)
+    in_ram = arena.nbytes["records (sketch, shingles, LD)"]
+    on_disk_bytes = arena.nbytes["on_disk"]
     assert (in_ram, on_disk_bytes) == ((0, verification) if on_disk else (verification, 0))
     if on_disk:
         assert 0 < arena._file._written < on_disk_bytes  # some rows still buffered

@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
+from stream_dedup.config import Settings
 from stream_dedup.core import extract, ldsig, tokens
 from stream_dedup.core.decode import decode_html
-from stream_dedup.core.sketch import Params, Sketcher
+from stream_dedup.core.sketch import Params, Sketcher, shingle_tops
 
 try:
     from stream_dedup.core import _native
@@ -127,15 +128,18 @@ def assert_kernels_match(html: str) -> None:
         assert a.codepoints.tolist() == b.codepoints.tolist()
         assert a.hashes.tolist() == b.hashes.tolist()
     sk = _SKETCHER
-    sketch, features, sig = sk.page(a.hashes, a.codepoints)
-    ref = sk.sketch_numpy(sk.shingles_numpy(a.hashes))
+    sketch, keys, sig, tops = sk.page(a.hashes, a.codepoints)
+    shingles = sk.shingles_numpy(a.hashes)
+    ref = sk.sketch_numpy(shingles)
     assert sketch.tolist() == ref.tolist()
-    assert features.tolist() == sk.features(ref).tolist()
+    assert keys.tolist() == sk.keys(ref).tolist()
     assert sig == ldsig.signature_numpy(a.codepoints, _PARAMS.ld_c, _PARAMS.ld_n)
+    assert tops == shingle_tops(shingles)
 
 
 _PARAMS = Params()
-_SKETCHER = Sketcher(_PARAMS)
+_SETTINGS = Settings()
+_SKETCHER = Sketcher(_PARAMS, (_SETTINGS.bands, _SETTINGS.band_size))
 
 
 @needs_native

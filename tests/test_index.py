@@ -26,7 +26,14 @@ def _doc(
         text_length=text,
         raw_fp=raw,
         canonical_fp=canon,
+        shingles=_shingles(raw),
     )
+
+
+def _shingles(raw: int) -> bytes:
+    """A page's shingle set, its own length and values (the record must keep both)."""
+    n = raw % 1000
+    return np.arange(n, 3 * n + 40, dtype="<u4").tobytes()
 
 
 @pytest.fixture(params=[*sorted(SUPPORTED_INDEXES), "redis", "redis-single"])
@@ -62,6 +69,7 @@ def test_claimed_pages_and_their_records_round_trip(make_index) -> None:  # type
     assert (doc.url, doc.page_id, doc.ld_signature, doc.text_length) == (
         "http://x/3", ids[3], b"sig", 10)
     assert doc.sketch.tolist() == list(range(84))
+    assert doc.shingles == _shingles(3)  # and the shingle set (exact verification)
     assert index.stamp == 1234
 
 

@@ -76,10 +76,10 @@ def test_metrics_count_what_was_decided() -> None:
     assert counts['{stage="verify"}'] == 9  # pages that ran verification
     assert counts['{stage="index"}'] == len(items) - 2  # all but the two rejects
     assert samples(text, "stream_dedup_index_pages")[""] == len(dd.index)
-    # the kept pages' sketches and LD signatures, in the memory index's record file
+    # the kept pages' sketches, shingle sets and LD signatures, in the memory index's file
     held = [dd.index.doc(row) for row in range(len(dd.index))]
     assert samples(text, "stream_dedup_index_record_file_bytes")[""] == sum(
-        4 * d.sketch.shape[0] + len(d.ld_signature) for d in held)
+        4 * d.sketch.shape[0] + 4 + len(d.shingles) + len(d.ld_signature) for d in held)
 
 
 def test_precision_is_nan_before_any_verification() -> None:

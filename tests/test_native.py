@@ -29,7 +29,7 @@ from selectolax.lexbor import LexborHTMLParser
 
 from stream_dedup.core import extract, ldsig, tokens
 from stream_dedup.core.decode import decode_html
-from stream_dedup.core.sketch import FAMILIES, Params, Sketcher
+from stream_dedup.core.sketch import FAMILIES, Params, Sketcher, shingle_tops
 from stream_dedup.models import Page
 from stream_dedup.sources.files import iter_inputs
 
@@ -283,22 +283,28 @@ def test_many_shingles_match_numpy(family: str) -> None:
 @given(
     hashes=u64_arrays, params=params_st, cps=arrays(np.uint32, st.integers(0, 400)),
     cn=st.sampled_from([(32, 4), (7, 3), (2, 1)]),
+    bands=st.tuples(st.integers(0, 8), st.integers(1, 6)),
 )
 @example(hashes=np.zeros(0, dtype=np.uint64), params=Params(), cps=np.zeros(0, np.uint32),
-         cn=(32, 4))
+         cn=(32, 4), bands=(5, 4))
 def test_sketch_page_is_the_steps_in_numpy(
-    hashes: np.ndarray, params: Params, cps: np.ndarray, cn: tuple[int, int]
+    hashes: np.ndarray, params: Params, cps: np.ndarray, cn: tuple[int, int],
+    bands: tuple[int, int],
 ) -> None:
     """The fused kernel gives what the numpy definitions of its steps give, one by one."""
     params = replace(params, ld_c=cn[0], ld_n=cn[1])
-    sk = Sketcher(params)
-    sketch, features, sig = sk.page(hashes, cps)
-    ref_sketch = sk.sketch_numpy(sk.shingles_numpy(hashes))
-    assert sketch.dtype == np.uint32 and features.dtype == np.uint64
+    b, r = bands
+    sk = Sketcher(params, (min(b, params.num_perm // r), r))
+    sketch, keys, sig, tops = sk.page(hashes, cps)
+    shingles = sk.shingles_numpy(hashes)
+    ref_sketch = sk.sketch_numpy(shingles)
+    assert sketch.dtype == np.uint32 and keys.dtype == np.uint64
     assert sketch.tolist() == ref_sketch.tolist()
-    assert features.tolist() == sk.features(ref_sketch).tolist()
-    assert features.shape == (params.groups,)
+    assert keys.tolist() == sk.keys(ref_sketch).tolist()
+    assert keys[: params.groups].tolist() == sk.features(ref_sketch).tolist()
+    assert keys.shape == (params.groups + sk.bands[0],)
     assert sig == ldsig.signature_numpy(cps, *cn)
+    assert tops == shingle_tops(shingles)
 
 
 # --- LD signatures ------------------------------------------------------------------------------

@@ -7,8 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from stream_dedup.core import theory
-from stream_dedup.core.sketch import FAMILIES, Params, Sketcher, resemblance
+from stream_dedup.core import sketch, theory
+from stream_dedup.core.sketch import (
+    FAMILIES,
+    Params,
+    Sketcher,
+    jaccard,
+    resemblance,
+    shingle_set,
+    shingle_tops,
+)
 from stream_dedup.core.tokens import tokenize
 from stream_dedup.errors import ConfigError
 
@@ -93,6 +101,64 @@ def _pair(rng: np.random.Generator, n: int, rho: float) -> tuple[np.ndarray, np.
     common = round(2 * n * rho / (1 + rho))
     pool = rng.integers(0, 2**64 - 1, size=2 * n - common, dtype=np.uint64, endpoint=True)
     return pool[:n], pool[n - common :]
+
+
+U32 = st.integers(min_value=0, max_value=2**32 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(U32, max_size=80), b=st.lists(U32, max_size=80),
+       common=st.lists(U32, max_size=80))
+def test_exact_jaccard_is_the_set_jaccard(a: list[int], b: list[int], common: list[int]) -> None:
+    """Repeats and order do not count; the value is |A∩B| / |A∪B| of the sets."""
+    a, b = a + common, common + b
+    pack = lambda xs: bytes(4) + np.array(xs, dtype="<u4").tobytes()  # noqa: E731
+    sa, sb = shingle_set(pack(a)), shingle_set(pack(b))
+    assert sa[0] == 0 and sa[1].tolist() == sorted(set(a))
+    union = set(a) | set(b)
+    expected = len(set(a) & set(b)) / len(union) if union else 0.0
+    assert jaccard(sa, sb) == pytest.approx(expected)
+    assert jaccard(sb, sa) == pytest.approx(expected)
+
+
+def test_shingle_tops_are_the_fingerprints_top_halves() -> None:
+    sk = Sketcher(Params())
+    shingles = sk.shingles(tokenize("one two three four five six seven eight nine ten").hashes)
+    tops = np.frombuffer(shingle_tops(shingles), dtype="<u4")
+    assert tops.tolist() == [0] + [int(x) >> 32 for x in shingles.tolist()]  # no sampling
+    assert len(tops) == 4 and shingle_tops(shingles[:0]) == b""
+
+
+def test_a_long_page_stores_a_mod_m_sample_compared_at_the_coarser_m(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over MAX_SET_SHINGLES a page keeps the values = 0 mod 2**shift; a pair is compared
+    on the coarser sample, and the Jaccard of samples tracks the sets'."""
+    monkeypatch.setattr(sketch, "MAX_SET_SHINGLES", 1000)
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 2**64, 8000, dtype=np.uint64)
+    big = np.concatenate((base, rng.integers(0, 2**64, 1000, dtype=np.uint64)))
+    small = base[:900]
+    shift, values = shingle_set(shingle_tops(big))
+    assert shift == 4 and 300 < values.shape[0] <= 1000 and not (values & 15).any()
+    assert shingle_set(shingle_tops(small))[0] == 0
+    sets = [{int(x) >> 32 for x in s.tolist()} for s in (big, small)]
+    exact = len(sets[0] & sets[1]) / len(sets[0] | sets[1])
+    got = jaccard(shingle_set(shingle_tops(big)), shingle_set(shingle_tops(small)))
+    assert abs(got - exact) < 0.03 and got > 0
+    sk = Sketcher(Params())  # the kernel's result is sampled the same way
+    words = " ".join(f"w{i}" for i in range(3000))
+    t = tokenize(words)
+    assert sk.page(t.hashes, t.codepoints)[3] == shingle_tops(sk.shingles(t.hashes))
+
+
+def test_bands_are_validated_and_keyed_apart() -> None:
+    with pytest.raises(ConfigError):
+        Sketcher(Params(), (22, 4))  # 88 > 84 min-hashes
+    sketch = np.arange(84, dtype=np.uint32)
+    five, eight = Sketcher(Params(), (5, 4)).keys(sketch), Sketcher(Params(), (8, 4)).keys(sketch)
+    assert five[:6].tolist() == eight[:6].tolist() == Sketcher(Params()).features(sketch).tolist()
+    assert not set(five[6:].tolist()) & set(eight[6:].tolist())  # layouts never share a key
+    assert not set(five[6:].tolist()) & set(five[:6].tolist())
 
 
 def test_estimated_resemblance_is_unbiased(sketcher: Sketcher) -> None:

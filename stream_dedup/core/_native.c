@@ -10,7 +10,7 @@
  *   shingles(hashes, mult)         w-token window fingerprints
  *   minhash(shingles, a, b, fam)   k*s minima (32-bit values)
  *   ld_signature(cps, c, mult)     Coates' signature bytes
- *   sketch_page(...)               shingles, min-hashes, features and signature in one call
+ *   sketch_page(...)               shingles, min-hashes, features, band keys, signature in one call
  *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
  *   memtable_add, memtable_arrays  the memory index's memtable: add a page; dump it for a run
  *
@@ -1056,30 +1056,37 @@ static void features_k(const uint32_t *sk, Py_ssize_t groups, Py_ssize_t s, uint
 }
 
 /* sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, ld_c,
- * ld_mult) -> (sketch uint32 bytes, features uint64 bytes, LD signature bytes): shingles, k*s
- * min-hashes, k features and Coates' signature of one page, with no Python in between. */
+ * ld_mult, bands, band_size, band_seed) -> (sketch uint32 bytes, keys uint64 bytes, LD signature
+ * bytes, shingles uint32 bytes): shingles, k*s min-hashes, the k features then `bands` LSH band
+ * keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
+ * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then each shingle's
+ * top 32 bits in text order (the set exact verification compares; empty without shingles),
+ * of one page, with no Python in between. */
 static PyObject *sketch_page(PyObject *self, PyObject *args) {
     Py_buffer th, sm, a, b, cps, lm;
     int family;
-    Py_ssize_t groups;
-    unsigned long long seed, c;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*", &th, &sm, &a, &b, &family, &groups, &seed,
-                          &cps, &c, &lm))
+    Py_ssize_t groups, bands, band_size;
+    unsigned long long seed, c, band_seed;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*nnK", &th, &sm, &a, &b, &family, &groups,
+                          &seed, &cps, &c, &lm, &bands, &band_size, &band_seed))
         return NULL;
     static Scratch shingle_keep, sig_keep;
     Buf own_x, own_sig, *xs = scratch_take(&shingle_keep, &own_x),
                         *sig = scratch_take(&sig_keep, &own_sig);
-    PyObject *sketch = NULL, *feats = NULL, *result = NULL;
+    PyObject *sketch = NULL, *feats = NULL, *his = NULL, *result = NULL;
     Py_ssize_t k = a.len / 8, n = th.len / 8, w = sm.len / 8, m = n - w + 1;
-    /* groups <= k keeps groups * 8 within a.len */
+    /* groups <= k keeps groups * 8 within a.len; bands * band_size <= k keeps the bands
+     * within the sketch (each factor <= k first: no overflow) */
     if (b.len != a.len || family < 0 || family > 2 || groups < 1 || groups > k ||
-        k % groups != 0 || w < 1 || c == 0 || lm.len < 8) {
+        k % groups != 0 || w < 1 || c == 0 || lm.len < 8 || bands < 0 || band_size < 1 ||
+        (bands > 0 && (bands > k || band_size > k || bands * band_size > k))) {
         PyErr_SetString(PyExc_ValueError, "inconsistent sketch or signature parameters");
         goto done;
     }
     sketch = PyBytes_FromStringAndSize(NULL, k * 4);
-    feats = PyBytes_FromStringAndSize(NULL, groups * 8);
-    if (sketch == NULL || feats == NULL) goto done;
+    feats = PyBytes_FromStringAndSize(NULL, (groups + bands) * 8);
+    his = PyBytes_FromStringAndSize(NULL, m > 0 ? 4 + m * 4 : 0);
+    if (sketch == NULL || feats == NULL || his == NULL) goto done;
     uint32_t *sk = (uint32_t *)PyBytes_AS_STRING(sketch);
     if (m <= 0) {
         memset(sk, 0xFF, k * 4);
@@ -1091,17 +1098,23 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
         uint64_t *x = (uint64_t *)xs->data;
         shingles_k(th.buf, n, sm.buf, w, x);
         minhash_any(x, m, a.buf, b.buf, k, family, sk);
+        uint32_t *hi = (uint32_t *)PyBytes_AS_STRING(his);
+        hi[0] = 0;
+        for (Py_ssize_t i = 0; i < m; i++) hi[i + 1] = (uint32_t)(x[i] >> 32);
     }
-    features_k(sk, groups, k / groups, seed, (uint64_t *)PyBytes_AS_STRING(feats));
+    uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(feats);
+    features_k(sk, groups, k / groups, seed, keys);
+    features_k(sk, bands, band_size, band_seed, keys + groups);
     if (ld_append(sig, cps.buf, cps.len / 4, c, lm.buf, lm.len / 8)) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(OOy#)", sketch, feats, sig->data ? sig->data : "",
-                           (Py_ssize_t)sig->len);
+    result = Py_BuildValue("(OOy#O)", sketch, feats, sig->data ? sig->data : "",
+                           (Py_ssize_t)sig->len, his);
 done:
     Py_XDECREF(sketch);
     Py_XDECREF(feats);
+    Py_XDECREF(his);
     scratch_give(&shingle_keep, xs);
     scratch_give(&sig_keep, sig);
     PyBuffer_Release(&th);
@@ -1349,7 +1362,8 @@ static PyMethodDef methods[] = {
     {"ld_signature", ld_signature, METH_VARARGS, "ld_signature(codepoints, c, mult) -> bytes"},
     {"sketch_page", sketch_page, METH_VARARGS,
      "sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, "
-     "ld_c, ld_mult) -> (sketch uint32 bytes, features uint64 bytes, LD signature bytes)"},
+     "ld_c, ld_mult, bands, band_size, band_seed) -> (sketch uint32 bytes, keys uint64 bytes, "
+     "LD signature bytes, shingles uint32 bytes)"},
     {"multimap_get", multimap_get, METH_VARARGS,
      "multimap_get(runs, mem, keys, cap) -> list[int]: the values of the keys (uint64 buffer or "
      "int) in the sorted runs (the last cap per run) and the memtable"},

@@ -99,35 +99,53 @@ class Params:
 
 
 class Sketcher:
-    """Holds the permutation constants for one Params (build once, reuse per page)."""
+    """Holds the permutation constants for one Params (build once, reuse per page).
 
-    def __init__(self, params: Params) -> None:
+    `bands` (b, r): b LSH band keys after the k features, band j a mix64 chain over
+    min-hashes j*r .. j*r+r-1 of the same sketch (seeded apart from the features, and by
+    the layout: keys of two layouts never meet). Pages of resemblance J share a band with
+    probability 1 - (1 - J**r)**b: candidates for verification, not a decision."""
+
+    def __init__(self, params: Params, bands: tuple[int, int] = (0, 1)) -> None:
         self.params = params
         n = params.num_perm
+        b, r = bands
+        if b < 0 or r < 1 or b * r > n:
+            raise ConfigError(f"bands {b} x band_size {r} need bands >= 0, band_size >= 1 "
+                              f"and bands * band_size <= {n} min-hashes")
+        self.bands = (b, r)
         self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
         self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
         self._feature_seed = params.stamp
+        self._band_seed = xxhash.xxh3_64_intdigest(f"bands={b}x{r}:{params.stamp}".encode())
         self._family = FAMILIES.index(params.family)  # the kernel's family number
         self._ld_mult = ldsig.window_constants(0, params.ld_n)
 
     # --- one page, every step -------------------------------------------------------
     def page(
         self, token_hashes: np.ndarray, codepoints: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, bytes]:
-        """(sketch, features, LD signature) of a page's tokens and canonical code points:
-        `features(sketch(shingles(token_hashes)))` and `ldsig.signature(codepoints, ld_c,
-        ld_n)`, in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl)."""
+    ) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
+        """(sketch, keys, LD signature, shingles) of a page's tokens and canonical code
+        points: `sketch(shingles(token_hashes))`; its k features then its band keys;
+        `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles)`, in one
+        kernel call (30.9 → 27.7 µs a page on the synthetic crawl)."""
         p = self.params
         if _native is None:
-            sk = self.sketch(self.shingles(token_hashes))
-            return sk, self.features(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n)
-        sk_b, feats_b, sig = _native.sketch_page(
+            x = self.shingles(token_hashes)
+            sk = self.sketch(x)
+            return (sk, self.keys(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n),
+                    shingle_tops(x))
+        sk_b, keys_b, sig, tops = _native.sketch_page(
             np.ascontiguousarray(token_hashes, dtype=np.uint64), self._shingle_mult, self._a,
             self._b, self._family, p.groups, self._feature_seed,
             np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
+            *self.bands, self._band_seed,
         )
-        return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(feats_b, dtype=np.uint64), sig
+        if len(tops) > 4 * (MAX_SET_SHINGLES + 1):
+            tops = _packed(np.frombuffer(tops, dtype="<u4", offset=4))
+        return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(keys_b, dtype=np.uint64), \
+            sig, tops
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -178,16 +196,17 @@ class Sketcher:
             np.minimum(out, (h.min(axis=1) >> _SHIFT32).astype(np.uint32), out=out)
         return out
 
-    # --- features -----------------------------------------------------------------
+    # --- features ---------------------------------------------------------------
     def features(self, sketch: np.ndarray) -> np.ndarray:
         """k 64-bit features. Group g's: h = mix64(seed + (g+1)*golden), then h = mix64(h ^ v)
         for each of its s min-hashes v in order (the kernel computes the same in `page`)."""
-        k, s = self.params.groups, self.params.group_size
-        h = mix64(U64(self._feature_seed) + np.arange(1, k + 1, dtype=np.uint64) * golden())
-        values = np.asarray(sketch, dtype=np.uint32).astype(np.uint64).reshape(k, s)
-        for j in range(s):
-            h = mix64(h ^ values[:, j])
-        return h
+        return _chain(sketch, self.params.groups, self.params.group_size, self._feature_seed)
+
+    def keys(self, sketch: np.ndarray) -> np.ndarray:
+        """The k features, then the band keys (the same chain: b groups of r, band seed)."""
+        b, r = self.bands
+        return np.concatenate((self.features(sketch),
+                               _chain(sketch[: b * r], b, r, self._band_seed)))
 
     # --- plain reference (tests) ---------------------------------------------------
     @cached_property
@@ -219,6 +238,65 @@ class Sketcher:
                 best = min(best, h32)
             result.append(best)
         return result
+
+
+def _chain(sketch: np.ndarray, groups: int, size: int, seed: int) -> np.ndarray:
+    h = mix64(U64(seed) + np.arange(1, groups + 1, dtype=np.uint64) * golden())
+    values = np.asarray(sketch, dtype=np.uint32).astype(np.uint64).reshape(groups, size)
+    for j in range(size):
+        h = mix64(h ^ values[:, j])
+    return h
+
+
+# A stored shingle set holds at most about this many values (256 KB): a longer page keeps
+# Broder's MOD-m sample of its set, the values = 0 mod m for the smallest power of two m
+# that brings it under (httpbis's longest RFC draft has 34,258 shingles; 8 MiB of text ~1.5M).
+MAX_SET_SHINGLES = 1 << 16
+
+
+def shingle_tops(shingles: np.ndarray) -> bytes:
+    """What a kept page stores for exact verification: a u32 sampling shift, then each
+    shingle fingerprint's top 32 bits in text order (little-endian; b"" without shingles).
+    Two distinct shingles of one page share them with probability ~n**2 / 2**33, too rarely
+    to move a Jaccard."""
+    x = np.asarray(shingles, dtype=np.uint64)
+    return _packed((x >> _SHIFT32).astype("<u4")) if x.shape[0] else b""
+
+
+def _packed(tops: np.ndarray) -> bytes:
+    shift = 0
+    while tops.shape[0] >> shift > MAX_SET_SHINGLES:
+        shift += 1
+    if shift:
+        tops = tops[(tops & np.uint32((1 << shift) - 1)) == 0]
+    return np.uint32(shift).astype("<u4").tobytes() + tops.astype("<u4").tobytes()
+
+
+def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
+    """(sampling shift, sorted distinct values) of `shingle_tops` bytes: what `jaccard`
+    compares."""
+    shift = int.from_bytes(tops[:4], "little")
+    x = np.sort(np.frombuffer(tops, dtype="<u4", offset=4))
+    if x.shape[0] > 1:
+        x = x[np.concatenate(([True], x[1:] != x[:-1]))]
+    return shift, x
+
+
+def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float:
+    """|A∩B| / |A∪B| of two `shingle_set`s: exactly, or of their MOD-m samples at the
+    coarser page's m (0 if both are empty)."""
+    (shift_a, a), (shift_b, b) = set_a, set_b
+    if shift_a != shift_b:  # the finer set, sampled as the coarser one was
+        mask = np.uint32((1 << max(shift_a, shift_b)) - 1)
+        a, b = a[(a & mask) == 0], b[(b & mask) == 0]
+    if a.shape[0] > b.shape[0]:
+        a, b = b, a
+    if a.shape[0] == 0:
+        return 0.0
+    at = np.searchsorted(b, a)
+    at[at == b.shape[0]] = 0
+    common = int(np.count_nonzero(b[at] == a))
+    return common / (a.shape[0] + b.shape[0] - common)
 
 
 def resemblance(sketch_a: np.ndarray, sketch_b: np.ndarray) -> float:

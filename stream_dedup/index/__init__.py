@@ -63,7 +63,8 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
                           retention_days=s.retention_days, threshold=s.threshold,
-                          max_candidates=s.verify_max_candidates, buckets=s.redis_buckets,
+                          max_candidates=s.verify_max_candidates, groups=s.groups,
+                          buckets=s.redis_buckets,
                           records_url=s.redis_records_url, observe=observe)
     return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
                                       Path(s.index_path) if s.index_path else None)

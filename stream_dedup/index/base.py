@@ -1,8 +1,9 @@
 """The FeatureIndex seam: what the decide step needs from any index backend, per batch.
 
-A backend stores, for every kept page, its k features (feature -> pages), its raw and
-canonical fingerprints (fingerprint -> first page) and the document record verification
-reads (url, full sketch, LD signature, canonical length). It is asked two questions a batch:
+A backend stores, for every kept page, its index keys (k features then its band keys: key ->
+pages; the index does not tell them apart), its raw and canonical fingerprints (fingerprint
+-> first page) and the document record verification reads (url, full sketch, LD signature,
+canonical length, shingles). It is asked two questions a batch:
 
     lookup(probes)  what is stored that each page of the batch may collide with: the first
                     page with its raw / canonical fingerprint, each feature's posting list,
@@ -46,6 +47,7 @@ class StoredDoc:
     canonical_fp: int
     fetched_at: str | None = None
     page_id: int = 0  # public: the input position, or a local number (see local_ids)
+    shingles: bytes = b""  # its shingles' top 32 bits (exact verification); b"": none
 
 
 @dataclass(slots=True)

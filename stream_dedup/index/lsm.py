@@ -358,12 +358,13 @@ def _encode(doc: StoredDoc, stored_at: float) -> bytes:
                           len(doc.ld_signature), len(url))
     return b"".join((head, doc.features.astype("<u8").tobytes(),
                      doc.sketch.astype("<u4").tobytes(), fetched, doc.ld_signature, url,
-                     doc.page_id.to_bytes(_ID_BYTES, "big")))
+                     doc.page_id.to_bytes(_ID_BYTES, "big"), doc.shingles))
 
 
 def _decode(raw: bytes, row: int) -> tuple[StoredDoc, float]:
     """A record and when it was stored; a record without a page id (format 1) has its
-    row as its id."""
+    row as its id; the shingle set (for exact verification) is what follows the id, none in
+    records written before it was kept."""
     raw_fp, canonical_fp, stored_at, text_len, k, n, n_fetched, n_sig, n_url = (
         _DOC_HEAD.unpack_from(raw))
     pos = _DOC_HEAD.size
@@ -380,7 +381,7 @@ def _decode(raw: bytes, row: int) -> tuple[StoredDoc, float]:
     page_id = int.from_bytes(raw[pos : pos + _ID_BYTES], "big") if len(raw) > pos else row
     doc = StoredDoc(url=url, features=features, sketch=sketch, ld_signature=sig,
                     text_length=text_len, raw_fp=raw_fp, canonical_fp=canonical_fp,
-                    fetched_at=fetched, page_id=page_id)
+                    fetched_at=fetched, page_id=page_id, shingles=bytes(raw[pos + _ID_BYTES:]))
     return doc, stored_at
 
 

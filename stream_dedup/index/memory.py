@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 import tempfile
 import weakref
 from collections.abc import Mapping, Sequence
@@ -347,6 +348,7 @@ class _RecordFile:
         return self._written + len(self._buffer)
 
 
+_U32 = struct.Struct("<I")
 # A DocArena row's fixed part: one structured value, read in one step.
 _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
                  ("record_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
@@ -355,7 +357,8 @@ _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
 class DocArena:
     """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
     row (id, text length, where its URL ends) and its URL in RAM; what only verification
-    reads, its sketch (4 bytes a min-hash) then its LD signature, as one byte string in a
+    reads, its sketch (4 bytes a min-hash), its shingle set (a u32 length, then 4 bytes a
+    shingle) and its LD signature, as one byte string in a
     _RecordFile on disk (`records_dir`: where), or with `records_dir` None end to end in a
     byte arena in RAM (the row says where it ends). A StoredDoc per page cost ~1.1 KB of
     Python objects (bench/memory.py). Reading a row builds its StoredDoc (what verification
@@ -382,7 +385,8 @@ class DocArena:
         if widths - {self._width}:
             raise ValueError(f"sketches of {sorted(widths)} values in an index of "
                              f"{self._width}")
-        records = [d.sketch.astype("<u4").tobytes() + d.ld_signature for d in docs]
+        records = [b"".join((d.sketch.astype("<u4").tobytes(), _U32.pack(len(d.shingles)),
+                             d.shingles, d.ld_signature)) for d in docs]
         rows = np.empty(len(docs), _ROW)
         if self._file is not None:  # first: a write that fails leaves the arena as it was
             self._file.extend(records)
@@ -416,9 +420,10 @@ class DocArena:
         split = 4 * self._width if sketched else 0
         sketch = np.frombuffer(record, "<u4", split // 4).astype(np.uint32) if sketched \
             else _NO_SKETCH
+        tops_end = split + 4 + _U32.unpack_from(record, split)[0]
         url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
-        return StoredDoc(url, _NO_FEATURES, sketch, record[split:], text_length, raw_fp,
-                         canonical_fp, None, high << 64 | low)
+        return StoredDoc(url, _NO_FEATURES, sketch, record[tops_end:], text_length, raw_fp,
+                         canonical_fp, None, high << 64 | low, record[split + 4 : tops_end])
 
     def close(self) -> None:
         if self._file is not None:
@@ -431,7 +436,7 @@ class DocArena:
         spill = self._file
         return {"fixed": self._rows.nbytes + self._fps.nbytes + (spill.ends.nbytes if spill
                                                                   else 0),
-                "sketch + LD signature": self._records.nbytes, "url": self._urls.nbytes,
+                "records (sketch, shingles, LD)": self._records.nbytes, "url": self._urls.nbytes,
                 "on_disk": spill.nbytes if spill else 0}
 
 

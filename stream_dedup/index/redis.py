@@ -76,12 +76,13 @@ class RedisIndex(ScriptClient):
 
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
-                 buckets: int = BUCKETS, records_url: str = "",
+                 groups: int = 6, buckets: int = BUCKETS, records_url: str = "",
                  observe: Observe | None = None, client: Any = None) -> None:
         super().__init__(url, client, observe)
         self.stamp = stamp
         self.cap = max_posting
         self.threshold, self.max_candidates = threshold, max_candidates
+        self.groups = groups  # a probe's first `groups` keys are features, the rest bands
         self.retention_s = int(retention_days * 86400)
         self.layout = Layout(buckets)
         # Another store for the verification records (None: the index's own): written in a
@@ -522,11 +523,13 @@ class RedisIndex(ScriptClient):
 
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
-        candidates of either tier (the batch's own pages never push these out)."""
+        candidates of either tier, as decide.py ranks them (the batch's own pages never push
+        these out): by shared features, or by shared keys (features and band keys)."""
         out = [h for h in (answer.raw, answer.canonical) if h is not None]
-        ranked = rank_candidates([h for ids in answer.postings for h in ids], 1)
-        out += [h for h, n in ranked if n >= self.threshold][: self.max_candidates]
-        out += [h for h, n in ranked if n < self.threshold][: self.max_candidates]
+        features = [h for ids in answer.postings[: self.groups] for h in ids]
+        out += [h for h, _ in rank_candidates(features, self.threshold)][: self.max_candidates]
+        every = features + [h for ids in answer.postings[self.groups :] for h in ids]
+        out += [h for h, _ in rank_candidates(every, 1)][: self.max_candidates]
         return out
 
     def ping(self) -> bool:

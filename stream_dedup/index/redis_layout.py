@@ -40,7 +40,7 @@ ID_BYTES = 13  # 98-bit ids (models.position_id)
 # to ~SHARDS / 10 primaries. Part of the layout: every instance must agree (it is stored
 # with the stamp, with the buckets).
 SHARDS = 1024
-FORMAT = 3
+FORMAT = 4  # 4: records carry the shingle set (exact verification)
 BUCKETS = 128  # set buckets per hash tag by default: ~60 fields each at 1M pages held
 RECORD_BUCKETS_PER = 8  # a page has 8 set entries and one record: records 1/8 the buckets
 # A bucket stays a compact listpack (~25 bytes a field) only up to so many fields of at most
@@ -48,9 +48,10 @@ RECORD_BUCKETS_PER = 8  # a page has 8 set entries and one record: records 1/8 t
 LISTPACK_ENTRIES, LISTPACK_VALUE = 512, 1024
 SWEEP_S = 3600  # with retention, how often a bucket drops the entries past their time
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
-# raw fp, canonical fp, text length, sketch values, signature and url bytes (the features
-# are not kept: only the keys need them, and a dropped page's keys come from its probe)
-_DOC_HEAD = struct.Struct("<QQIHI")
+# raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, then
+# the url (the features are not kept: only the keys need them, and a dropped page's keys
+# come from its probe)
+_DOC_HEAD = struct.Struct("<QQIHII")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 _JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps builds one per call)
 
@@ -428,20 +429,22 @@ class Layout:
 def encode_doc(doc: StoredDoc) -> bytes:
     """The verification record: what the decide step reads of a stored page."""
     head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.sketch.shape[0],
-                          len(doc.ld_signature))
+                          len(doc.ld_signature), len(doc.shingles))
     return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
-                     doc.url.encode("utf-8", "surrogatepass")))
+                     doc.shingles, doc.url.encode("utf-8", "surrogatepass")))
 
 
 def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
-    raw_fp, canonical_fp, text_length, n, n_sig = _DOC_HEAD.unpack_from(raw)
+    raw_fp, canonical_fp, text_length, n, n_sig, n_tops = _DOC_HEAD.unpack_from(raw)
     pos = _DOC_HEAD.size
     sketch = np.frombuffer(raw, "<u4", n, pos).astype(np.uint32)
     pos += 4 * n
     sig = bytes(raw[pos : pos + n_sig])
-    url = raw[pos + n_sig :].decode("utf-8", "surrogatepass")
+    pos += n_sig
+    tops = bytes(raw[pos : pos + n_tops])
+    url = raw[pos + n_tops :].decode("utf-8", "surrogatepass")
     return StoredDoc(url, _NO_FEATURES, sketch, sig, text_length, raw_fp, canonical_fp, None,
-                     page_id)
+                     page_id, tops)
 
 
 # A plain keep (most kept pages) is recorded in one byte: its id is the record's.
@@ -451,20 +454,20 @@ _UNIQUE, _SHORT = b"u", b"s"
 def encode_decision(d: Decision) -> bytes:
     """What a re-delivery needs to get the same decision (its url and source are its own)."""
     if (d.decision == "keep" and d.reason == "unique" and not d.shared_features
-            and d.resemblance is None and d.ld_estimate is None):
+            and d.resemblance is None and d.ld_estimate is None and d.jaccard is None):
         return _SHORT if d.short else _UNIQUE
     dup = d.duplicate_of
     return _JSON.encode([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
                          d.shared_features, d.resemblance, d.ld_estimate, d.verified,
-                         d.short]).encode()
+                         d.short, d.jaccard]).encode()
 
 
 def decode_decision(raw: bytes, page_id: int) -> Decision:
     """A recorded decision, without the url and source (the re-delivered page has them)."""
     if raw in (_UNIQUE, _SHORT):
         return Decision(None, "keep", "unique", page_id=page_id, short=raw == _SHORT)
-    kind, reason, pid, dup_id, dup_url, shared, res, ld, verified, short = json.loads(raw)
+    kind, reason, pid, dup_id, dup_url, shared, res, ld, verified, short, j = json.loads(raw)
     dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
     return Decision(None, kind, reason, page_id=pid, duplicate_of=dup,
-                    shared_features=shared, resemblance=res, ld_estimate=ld,
+                    shared_features=shared, resemblance=res, ld_estimate=ld, jaccard=j,
                     verified=verified, short=short)

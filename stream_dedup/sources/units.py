@@ -163,7 +163,8 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: OrderedDict[int, Row], *,
             out.analyses.append(None)
             continue
         out.items.append(item)
-        out.analyses.append(Analysis(item, *_row(item, analyzer, memo)))
+        *row, tops = _row(item, analyzer, memo)
+        out.analyses.append(Analysis(item, *row, shingles=tops))
         if tick is not None:
             tick()
     return out
@@ -184,7 +185,7 @@ def _items(unit: Unit, stats: SourceStats) -> Iterator[Page | Rejected]:
 
 
 # An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,
-# features, ld_signature, error, canonical_s, sketch_s).
+# features, ld_signature, error, canonical_s, sketch_s, shingles).
 Row = tuple[Any, ...]
 
 
@@ -196,8 +197,8 @@ def _row(page: Page, analyzer: Analyzer, memo: OrderedDict[int, Row]) -> Row:
         return seen
     a = analyzer.analyze(page)
     row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
-           a.ld_signature, a.error, a.canonical_s, a.sketch_s)
-    memo[fp] = row  # not the page: a few KB an entry, not the body's ~90
+           a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
+    memo[fp] = row  # not the page: ~10 KB an entry (4 B a shingle), not the body's ~90
     if len(memo) > REMEMBERED:
         memo.popitem(last=False)
     return row
@@ -267,13 +268,13 @@ def unpack(packed: Packed) -> UnitResult:
         assert isinstance(item, tuple)
         url, headers, fetched_at, status, source, position, size = item
         page = Page(url, b"", headers, fetched_at, status, source, position)
-        raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s = row
+        raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s, tops = row
         if sk is True:
             sk, ft = sketches[k], features[k]
             k += 1
         out.items.append(page)
         out.analyses.append(Analysis(page, raw_fp, canonical_fp, text_length, shingle_count,
-                                     sk, ft, sig, error, c_s, s_s, size))
+                                     sk, ft, sig, error, c_s, s_s, size, tops))
     return out
 
 

@@ -70,7 +70,9 @@ class Analyzer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sketcher = Sketcher(settings.params, (settings.bands, settings.band_size))
+        # Band keys serve only the near-verified tier: none stored without it.
+        bands = settings.bands if settings.verify_single_feature else 0
+        self.sketcher = Sketcher(settings.params, (bands, settings.band_size))
         if kernels() != "compiled":
             log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
                         "was not built or not bound): same decisions, several times slower; "

@@ -213,9 +213,10 @@ def _verify(
     """The confirmed near-duplicate verdict (or None), and the first candidate's
     (resemblance, estimated LD, exact Jaccard or None) for a NEAR verification (what
     `verified-distinct` reports). Close enough: the exact Jaccard of the shingle sets at
-    verify_min_jaccard when both pages have one (verify_exact), else the sketch's estimate
-    at the tier's bar. A candidate not close enough fails whatever its distance, so its LD
-    estimate (the costly part on long pages) is skipped unless it is reported."""
+    verify_min_jaccard when both pages have one (verify_exact) and it tells, else the
+    sketch's estimate at the tier's bar. A candidate not close enough fails whatever its
+    distance, so its LD estimate (the costly part on long pages) is skipped unless it is
+    reported."""
     assert a.sketch is not None
     bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
     mine = None  # the page's shingle set, made at its first exact comparison

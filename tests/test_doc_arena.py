@@ -59,7 +59,7 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
     on_disk_bytes = arena.nbytes["on_disk"]
     assert (in_ram, on_disk_bytes) == ((0, verification) if on_disk else (verification, 0))
     if on_disk:
-        assert 0 < arena._file._written < on_disk_bytes  # some rows still buffered
+        assert 0 < arena._records._written < on_disk_bytes  # some rows still buffered
         assert list(tmp_path.iterdir()) == []  # unlinked from the start: nothing left behind
     arena.close()
 
@@ -94,10 +94,10 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
 
 def test_where_the_records_go_is_a_setting(tmp_path: Path) -> None:
     ram = index_for(Settings(memory_records="ram"))
-    assert ram._docs._file is None
+    assert isinstance(ram._docs._records, memory._RamRecords)
     ram.close()
     disk = index_for(Settings(memory_records_dir=str(tmp_path)))
-    assert disk._docs._file is not None and disk._docs._file._where == str(tmp_path)
+    assert disk._docs._records._where == str(tmp_path)
     disk.close()
     with pytest.raises(IndexStoreError, match="--memory-records ram"):
         index_for(Settings(memory_records_dir=str(tmp_path / "missing")))

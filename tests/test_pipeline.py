@@ -283,6 +283,22 @@ def test_exact_jaccard_keeps_pages_below_the_bar() -> None:
     assert sum(d.decision == "drop" for d in _dropped(estimate, pairs)) >= 3
 
 
+def test_long_repetitive_pages_are_sampled_by_their_distinct_shingles(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two words repeated past MAX_SET_SHINGLES: 2 distinct shingles, the same set on both
+    pages, so kept whole (a sample by the raw count was often empty: kept as distinct)."""
+    from stream_dedup.core import sketch
+
+    monkeypatch.setattr(sketch, "MAX_SET_SHINGLES", 1000)
+    for seed in range(32):
+        r = random.Random(seed)
+        per = [f"t{r.randrange(10**9)}x" for _ in range(2)]
+        dd = Deduplicator()
+        dd.check_html("http://a/", _html(per * 1500))
+        d = dd.check_html("http://b/", _html(per * 1505))
+        assert (d.decision, d.jaccard) == ("drop", 1.0), seed
+
+
 def test_another_page_under_the_same_source_gets_its_own_decision() -> None:
     """`source` names where a page came from; it is no cache key: only the same page (same
     source and body) delivered again is answered with the decision it got."""

@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import signal
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -89,7 +88,7 @@ def test_units_give_the_items_of_one_reader_in_order(crawl: list[Path]) -> None:
     got: list[Page | Rejected] = []
     for unit in planned:
         assert isinstance(unit, units.Unit)
-        got += units.read_unit(unit, analyzer, OrderedDict()).items
+        got += units.read_unit(unit, analyzer, units.Memo()).items
     assert got == list(iter_inputs(crawl))
 
 
@@ -122,11 +121,11 @@ def test_a_worker_reads_a_bad_record_as_a_reject(crawl: list[Path]) -> None:
         assert executor is not None
         got, sent = (units.unpack(executor.result(executor.submit(units._worker_read, u)))
                      for u in (unit, page_unit))
-    here = units.read_unit(unit, Analyzer(Settings()), OrderedDict())
+    here = units.read_unit(unit, Analyzer(Settings()), units.Memo())
     assert len(got.items) == 1 and isinstance(got.items[0], Rejected)
     assert got.items[0] == here.items[0] and got.items[0].raw
     assert got.stats.rejected == here.stats.rejected == {"bad-json": 1}
-    local = units.read_unit(page_unit, Analyzer(Settings()), OrderedDict())
+    local = units.read_unit(page_unit, Analyzer(Settings()), units.Memo())
     (page,), (a,) = sent.items, sent.analyses
     (full,), (b,) = local.items, local.analyses
     assert isinstance(page, Page) and isinstance(full, Page) and a is not None and b is not None
@@ -230,3 +229,18 @@ def test_units_planned_ahead_are_bounded_by_their_bytes(
     two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
     assert most == 1 and source.units_there + source.units_here > 3
     assert two.decisions == one.decisions
+
+
+def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker remembers analyses of bodies it read, with their shingle sets (up to 256 KB
+    each): the oldest go first past REMEMBERED entries or REMEMBERED_BYTES of sets."""
+    monkeypatch.setattr(units, "REMEMBERED", 3)
+    monkeypatch.setattr(units, "REMEMBERED_BYTES", 100)
+    memo = units.Memo()
+    for fp in range(4):
+        memo.put(fp, (fp, b"x" * 10))
+    assert list(memo.rows) == [1, 2, 3] and memo.bytes == 30  # by count
+    assert memo.get(1) == (1, b"x" * 10) and list(memo.rows) == [2, 3, 1]  # used: the newest
+    memo.put(9, (9, b"y" * 85))
+    assert list(memo.rows) == [1, 9] and memo.bytes == 95  # by bytes

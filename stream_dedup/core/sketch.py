@@ -248,9 +248,10 @@ def _chain(sketch: np.ndarray, groups: int, size: int, seed: int) -> np.ndarray:
     return h
 
 
-# A stored shingle set holds at most about this many values (256 KB): a longer page keeps
-# Broder's MOD-m sample of its set, the values = 0 mod m for the smallest power of two m
-# that brings it under (httpbis's longest RFC draft has 34,258 shingles; 8 MiB of text ~1.5M).
+# A stored shingle set holds at most about this many values (256 KB): a page with more
+# distinct ones keeps Broder's MOD-m sample of its set, the values = 0 mod m for the smallest
+# power of two m that brings it under (httpbis's longest RFC draft has 34,258 shingles; 8 MiB
+# of text ~1.5M).
 MAX_SET_SHINGLES = 1 << 16
 
 
@@ -265,9 +266,11 @@ def shingle_tops(shingles: np.ndarray) -> bytes:
 
 def _packed(tops: np.ndarray) -> bytes:
     shift = 0
-    while tops.shape[0] >> shift > MAX_SET_SHINGLES:
-        shift += 1
-    if shift:
+    if tops.shape[0] > MAX_SET_SHINGLES:  # sampled by its distinct values, not its repeats
+        tops = np.sort(tops)
+        tops = tops[np.concatenate(([True], tops[1:] != tops[:-1]))]
+        while tops.shape[0] >> shift > MAX_SET_SHINGLES:
+            shift += 1
         tops = tops[(tops & np.uint32((1 << shift) - 1)) == 0]
     return np.uint32(shift).astype("<u4").tobytes() + tops.astype("<u4").tobytes()
 
@@ -282,9 +285,9 @@ def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
     return shift, x
 
 
-def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float:
+def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float | None:
     """|A∩B| / |A∪B| of two `shingle_set`s: exactly, or of their MOD-m samples at the
-    coarser page's m (0 if both are empty)."""
+    coarser page's m; None when a set (or its sample) is empty: nothing to tell."""
     (shift_a, a), (shift_b, b) = set_a, set_b
     if shift_a != shift_b:  # the finer set, sampled as the coarser one was
         mask = np.uint32((1 << max(shift_a, shift_b)) - 1)
@@ -292,7 +295,7 @@ def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> flo
     if a.shape[0] > b.shape[0]:
         a, b = b, a
     if a.shape[0] == 0:
-        return 0.0
+        return None
     at = np.searchsorted(b, a)
     at[at == b.shape[0]] = 0
     common = int(np.count_nonzero(b[at] == a))

@@ -233,7 +233,7 @@ class _Bytes:
 
     def extend(self, first_row: int, values: Sequence[bytes]) -> np.ndarray:
         """Append the values of rows first_row...; where each ends in its chunk."""
-        ends = np.empty(len(values), np.uint32)
+        ends = np.empty(len(values), np.uint64)
         for i, value in enumerate(values):
             if (first_row + i) % _CHUNK == 0:
                 self.chunks.append(bytearray())
@@ -348,28 +348,51 @@ class _RecordFile:
         return self._written + len(self._buffer)
 
 
+class _RamRecords:
+    """_RecordFile's interface in RAM: a bytearray per chunk of _CHUNK rows, and where each
+    row ends in its chunk, a column of 8 bytes a row (with their shingle sets, a chunk's
+    records can pass 4 GiB)."""
+
+    def __init__(self) -> None:
+        self._bytes = _Bytes()
+        self.ends = _Column(np.uint64)
+
+    def extend(self, values: Sequence[bytes]) -> None:
+        self.ends.extend(self._bytes.extend(self.ends.rows, values))
+
+    def get(self, row: int) -> bytes:
+        start = int(self.ends[row - 1]) if row & _AT else 0
+        return self._bytes.get(row, start, int(self.ends[row]))
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes.nbytes
+
+    def close(self) -> None:
+        pass
+
+
 _U32 = struct.Struct("<I")
 # A DocArena row's fixed part: one structured value, read in one step.
 _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
-                 ("record_end", "<u4"), ("url_end", "<u4"), ("sketched", "?")])
+                 ("url_end", "<u4"), ("sketched", "?")])
 
 
 class DocArena:
     """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
     row (id, text length, where its URL ends) and its URL in RAM; what only verification
     reads, its sketch (4 bytes a min-hash), its shingle set (a u32 length, then 4 bytes a
-    shingle) and its LD signature, as one byte string in a
-    _RecordFile on disk (`records_dir`: where), or with `records_dir` None end to end in a
-    byte arena in RAM (the row says where it ends). A StoredDoc per page cost ~1.1 KB of
+    shingle) and its LD signature, as one byte string in a _RecordFile on disk
+    (`records_dir`: where), or with `records_dir` None in _RamRecords, end to end in RAM
+    (each keeps where a row ends: 8 bytes a row). A StoredDoc per page cost ~1.1 KB of
     Python objects (bench/memory.py). Reading a row builds its StoredDoc (what verification
     reads; the page's features live in the index, not here)."""
 
     def __init__(self, records_dir: str | None = None) -> None:
         self._rows = _Column(_ROW)
         self._fps = _Column(np.uint64, 2)  # raw, canonical: the exact layers read them most
-        self._records = _Bytes()  # (records_dir None)
         self._urls = _Bytes()
-        self._file = None if records_dir is None else _RecordFile(records_dir)
+        self._records = _RamRecords() if records_dir is None else _RecordFile(records_dir)
         self._width = 0  # min-hashes a sketch: the first sketch stored says
 
     def __len__(self) -> int:
@@ -388,11 +411,7 @@ class DocArena:
         records = [b"".join((d.sketch.astype("<u4").tobytes(), _U32.pack(len(d.shingles)),
                              d.shingles, d.ld_signature)) for d in docs]
         rows = np.empty(len(docs), _ROW)
-        if self._file is not None:  # first: a write that fails leaves the arena as it was
-            self._file.extend(records)
-            rows["record_end"] = 0
-        else:
-            rows["record_end"] = self._records.extend(first, records)
+        self._records.extend(records)  # first: a write that fails leaves the arena as it was
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
                                                     for d in docs])
         self._fps.extend(np.array([(d.raw_fp, d.canonical_fp) for d in docs], np.uint64))
@@ -412,11 +431,10 @@ class DocArena:
         if not 0 <= row < len(self):
             raise IndexError(row)
         chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
-        high, low, text_length, record_end, url_end, sketched = chunk[at].item()
-        record_start, url_start = chunk[at - 1].item()[3:5] if at else (0, 0)
+        high, low, text_length, url_end, sketched = chunk[at].item()
+        url_start = chunk[at - 1].item()[3] if at else 0
         raw_fp, canonical_fp = self._fps.chunks[row >> _SHIFT][at].tolist()
-        record = (self._file.get(row) if self._file is not None
-                  else self._records.get(row, record_start, record_end))
+        record = self._records.get(row)
         split = 4 * self._width if sketched else 0
         sketch = np.frombuffer(record, "<u4", split // 4).astype(np.uint32) if sketched \
             else _NO_SKETCH
@@ -426,18 +444,16 @@ class DocArena:
                          canonical_fp, None, high << 64 | low, record[split + 4 : tops_end])
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
+        self._records.close()
 
     @property
     def nbytes(self) -> dict[str, int]:
         """Bytes of RAM held per part (written rows: a chunk's unwritten rows are not
         resident), and `on_disk`: the record file's."""
-        spill = self._file
-        return {"fixed": self._rows.nbytes + self._fps.nbytes + (spill.ends.nbytes if spill
-                                                                  else 0),
-                "records (sketch, shingles, LD)": self._records.nbytes, "url": self._urls.nbytes,
-                "on_disk": spill.nbytes if spill else 0}
+        on_disk = isinstance(self._records, _RecordFile)
+        return {"fixed": self._rows.nbytes + self._fps.nbytes + self._records.ends.nbytes,
+                "records (sketch, shingles, LD)": 0 if on_disk else self._records.nbytes,
+                "url": self._urls.nbytes, "on_disk": self._records.nbytes if on_disk else 0}
 
 
 class MemoryIndex(LocalIndex):

@@ -77,11 +77,33 @@ AHEAD_BYTES = 64 << 20
 # 6 measured against 2 and 12: 1.76-1.91 s against 2.07-2.36 and 2.43-2.73 (synthetic).
 QUEUED_PER_PROCESS = 6
 # ... and at most this many bytes of input per process (at least one unit): a unit's result
-# (its pages without bodies, their analyses: ~2-3 KB a page) waits in this process until
-# decided, and an archive is one unit however large (a 1 GB WARC: ~100,000 pages).
+# (its pages without bodies, their analyses: ~2-3 KB a page and 4 B a shingle) waits in this
+# process until decided, and an archive is one unit however large (a 1 GB WARC: ~100,000
+# pages).
 QUEUED_BYTES_PER_PROCESS = 32 << 20
-# Bodies whose analysis a process remembers, so that a copy is not analysed again.
-REMEMBERED = 4096
+# Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
+# so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
+REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
+
+
+class Memo:
+    """Analyses (rows) by body fingerprint, the most recent first out when full."""
+
+    def __init__(self) -> None:
+        self.rows: OrderedDict[int, Row] = OrderedDict()
+        self.bytes = 0  # of shingle sets held
+
+    def get(self, fp: int) -> Row | None:
+        row = self.rows.get(fp)
+        if row is not None:
+            self.rows.move_to_end(fp)
+        return row
+
+    def put(self, fp: int, row: Row) -> None:
+        self.rows[fp] = row
+        self.bytes += len(row[-1])
+        while len(self.rows) > REMEMBERED or self.bytes > REMEMBERED_BYTES:
+            self.bytes -= len(self.rows.popitem(last=False)[1][-1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +174,7 @@ def _size(path: Path) -> int:
         return 0  # its reader says why
 
 
-def read_unit(unit: Unit, analyzer: Analyzer, memo: OrderedDict[int, Row], *,
+def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
               tick: Callable[[], None] | None = None) -> UnitResult:
     """The unit's items (what FileSource reads there), each page's analysis, and the
     readers' counts. `tick` is called after each page."""
@@ -189,18 +211,15 @@ def _items(unit: Unit, stats: SourceStats) -> Iterator[Page | Rejected]:
 Row = tuple[Any, ...]
 
 
-def _row(page: Page, analyzer: Analyzer, memo: OrderedDict[int, Row]) -> Row:
+def _row(page: Page, analyzer: Analyzer, memo: Memo) -> Row:
     fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
     seen = memo.get(fp)
     if seen is not None:
-        memo.move_to_end(fp)
         return seen
     a = analyzer.analyze(page)
     row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
            a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
-    memo[fp] = row  # not the page: ~10 KB an entry (4 B a shingle), not the body's ~90
-    if len(memo) > REMEMBERED:
-        memo.popitem(last=False)
+    memo.put(fp, row)  # not the page: its body is ~90 KB
     return row
 
 
@@ -220,7 +239,7 @@ class Packed:
     stats: SourceStats
 
 
-_MEMO: OrderedDict[int, Row] = OrderedDict()  # a worker process's
+_MEMO = Memo()  # a worker process's
 
 
 def _worker_read(unit: Unit) -> Packed:
@@ -326,7 +345,7 @@ class UnitSource(PageRecords):
         self._lost_pools: list[WorkerPool] = []  # the broken executors already handled
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
-        self._memo: OrderedDict[int, Row] = OrderedDict()
+        self._memo = Memo()
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
         self._stop: asyncio.Event | None = None  # the fetch's, while it runs

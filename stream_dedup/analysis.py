@@ -72,7 +72,8 @@ class Analyzer:
         self.settings = settings
         # Band keys serve only the near-verified tier: none stored without it.
         bands = settings.bands if settings.verify_single_feature else 0
-        self.sketcher = Sketcher(settings.params, (bands, settings.band_size))
+        self.sketcher = Sketcher(settings.params, (bands, settings.band_size),
+                                 sets=settings.verify_exact)
         if kernels() != "compiled":
             log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
                         "was not built or not bound): same decisions, several times slower; "
@@ -119,7 +120,7 @@ class Analyzer:
         # Built directly: dataclasses.replace costs several µs a page.
         return Analysis(a.page, a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, sk,
                         keys, sig, None, a.canonical_s, perf_counter() - started,
-                        shingles=tops if self.settings.verify_exact else b"")
+                        shingles=tops)
 
 
 _WORKER: Analyzer | None = None

@@ -10,7 +10,9 @@
  *   shingles(hashes, mult)         w-token window fingerprints
  *   minhash(shingles, a, b, fam)   k*s minima (32-bit values)
  *   ld_signature(cps, c, mult)     Coates' signature bytes
- *   sketch_page(...)               shingles, min-hashes, features, band keys, signature in one call
+ *   sketch_page(...)               shingles, min-hashes, features, band keys, signature and the
+ *                                  sorted shingle set in one call
+ *   intersect_count(a, b)          values two sorted uint32 sets share (exact Jaccard)
  *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
  *   memtable_add, memtable_arrays  the memory index's memtable: add a page; dump it for a run
  *
@@ -1055,20 +1057,63 @@ static void features_k(const uint32_t *sk, Py_ssize_t groups, Py_ssize_t s, uint
     }
 }
 
+/* Sorts v[0..n) (LSD radix, 4 passes of 8 bits through tmp[0..n), ending back in v; the 4
+ * digit counts in one read first) and keeps each value once; returns how many are kept, in
+ * v[0..kept). n < 2**32 (a page's shingles: at most max_page_bytes / 2). */
+static Py_ssize_t sort_distinct_u32(uint32_t *v, uint32_t *tmp, Py_ssize_t n) {
+    uint32_t at[4][256] = {{0}}, *from = v, *to = tmp, *swap;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t x = v[i];
+        at[0][x & 0xFF]++, at[1][(x >> 8) & 0xFF]++, at[2][(x >> 16) & 0xFF]++, at[3][x >> 24]++;
+    }
+    for (int pass = 0; pass < 4; pass++) {
+        uint32_t *count = at[pass], sum = 0;
+        for (int d = 0; d < 256; d++) {
+            uint32_t c = count[d];
+            count[d] = sum, sum += c;
+        }
+        int shift = 8 * pass;
+        for (Py_ssize_t i = 0; i < n; i++) to[count[(from[i] >> shift) & 0xFF]++] = from[i];
+        swap = from, from = to, to = swap;
+    }
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (kept == 0 || v[i] != v[kept - 1]) v[kept++] = v[i];
+    return kept;
+}
+
+/* intersect_count(a, b) -> int: how many values two ascending uint32 arrays without repeats
+ * (sketch.py's shingle sets) have in common: one merge of the two. */
+static PyObject *intersect_count(PyObject *self, PyObject *args) {
+    Py_buffer a, b;
+    if (!PyArg_ParseTuple(args, "y*y*", &a, &b)) return NULL;
+    const uint32_t *x = a.buf, *y = b.buf;
+    Py_ssize_t n = a.len / 4, m = b.len / 4, i = 0, j = 0, common = 0;
+    while (i < n && j < m) {
+        if (x[i] < y[j]) i++;
+        else if (x[i] > y[j]) j++;
+        else common++, i++, j++;
+    }
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyLong_FromSsize_t(common);
+}
+
 /* sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, ld_c,
- * ld_mult, bands, band_size, band_seed) -> (sketch uint32 bytes, keys uint64 bytes, LD signature
- * bytes, shingles uint32 bytes): shingles, k*s min-hashes, the k features then `bands` LSH band
- * keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
- * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then each shingle's
- * top 32 bits in text order (the set exact verification compares; empty without shingles),
- * of one page, with no Python in between. */
+ * ld_mult, bands, band_size, band_seed, sets) -> (sketch uint32 bytes, keys uint64 bytes, LD
+ * signature bytes, shingle set bytes): shingles, k*s min-hashes, the k features then `bands` LSH
+ * band keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
+ * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then the distinct
+ * top 32 bits of the shingles, ascending (the set exact verification compares; empty without
+ * shingles, or with `sets` 0), of one page, with no Python in between. */
 static PyObject *sketch_page(PyObject *self, PyObject *args) {
     Py_buffer th, sm, a, b, cps, lm;
     int family;
     Py_ssize_t groups, bands, band_size;
     unsigned long long seed, c, band_seed;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*nnK", &th, &sm, &a, &b, &family, &groups,
-                          &seed, &cps, &c, &lm, &bands, &band_size, &band_seed))
+    int sets;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*nnKp", &th, &sm, &a, &b, &family, &groups,
+                          &seed, &cps, &c, &lm, &bands, &band_size, &band_seed, &sets))
         return NULL;
     static Scratch shingle_keep, sig_keep;
     Buf own_x, own_sig, *xs = scratch_take(&shingle_keep, &own_x),
@@ -1085,7 +1130,7 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
     }
     sketch = PyBytes_FromStringAndSize(NULL, k * 4);
     feats = PyBytes_FromStringAndSize(NULL, (groups + bands) * 8);
-    his = PyBytes_FromStringAndSize(NULL, m > 0 ? 4 + m * 4 : 0);
+    his = PyBytes_FromStringAndSize(NULL, m > 0 && sets ? 4 + m * 4 : 0);
     if (sketch == NULL || feats == NULL || his == NULL) goto done;
     uint32_t *sk = (uint32_t *)PyBytes_AS_STRING(sketch);
     if (m <= 0) {
@@ -1098,9 +1143,15 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
         uint64_t *x = (uint64_t *)xs->data;
         shingles_k(th.buf, n, sm.buf, w, x);
         minhash_any(x, m, a.buf, b.buf, k, family, sk);
+    }
+    if (m > 0 && sets) {
+        uint64_t *x = (uint64_t *)xs->data;
         uint32_t *hi = (uint32_t *)PyBytes_AS_STRING(his);
         hi[0] = 0;
         for (Py_ssize_t i = 0; i < m; i++) hi[i + 1] = (uint32_t)(x[i] >> 32);
+        /* the shingles are no longer needed: their buffer (m * 8 bytes) is the sort's tmp */
+        Py_ssize_t kept = sort_distinct_u32(hi + 1, (uint32_t *)x, m);
+        if (kept < m && _PyBytes_Resize(&his, 4 + kept * 4) < 0) goto done;
     }
     uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(feats);
     features_k(sk, groups, k / groups, seed, keys);
@@ -1362,8 +1413,10 @@ static PyMethodDef methods[] = {
     {"ld_signature", ld_signature, METH_VARARGS, "ld_signature(codepoints, c, mult) -> bytes"},
     {"sketch_page", sketch_page, METH_VARARGS,
      "sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, "
-     "ld_c, ld_mult, bands, band_size, band_seed) -> (sketch uint32 bytes, keys uint64 bytes, "
-     "LD signature bytes, shingles uint32 bytes)"},
+     "ld_c, ld_mult, bands, band_size, band_seed, sets) -> (sketch uint32 bytes, keys uint64 "
+     "bytes, LD signature bytes, shingle set: u32 0 then ascending distinct uint32, or empty)"},
+    {"intersect_count", intersect_count, METH_VARARGS,
+     "intersect_count(a, b) -> int: values two ascending uint32 arrays without repeats share"},
     {"multimap_get", multimap_get, METH_VARARGS,
      "multimap_get(runs, mem, keys, cap) -> list[int]: the values of the keys (uint64 buffer or "
      "int) in the sorted runs (the last cap per run) and the memtable"},

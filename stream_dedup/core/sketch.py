@@ -106,7 +106,8 @@ class Sketcher:
     the layout: keys of two layouts never meet). Pages of resemblance J share a band with
     probability 1 - (1 - J**r)**b: candidates for verification, not a decision."""
 
-    def __init__(self, params: Params, bands: tuple[int, int] = (0, 1)) -> None:
+    def __init__(self, params: Params, bands: tuple[int, int] = (0, 1), sets: bool = True
+                 ) -> None:
         self.params = params
         n = params.num_perm
         b, r = bands
@@ -114,6 +115,7 @@ class Sketcher:
             raise ConfigError(f"bands {b} x band_size {r} need bands >= 0, band_size >= 1 "
                               f"and bands * band_size <= {n} min-hashes")
         self.bands = (b, r)
+        self.sets = sets  # False: `page` returns no shingle set (b"")
         self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
         self._shingle_mult = odd_constants(params.seed, params.shingle_words, salt=3)
@@ -128,19 +130,20 @@ class Sketcher:
     ) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
         """(sketch, keys, LD signature, shingles) of a page's tokens and canonical code
         points: `sketch(shingles(token_hashes))`; its k features then its band keys;
-        `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles)`, in one
-        kernel call (30.9 → 27.7 µs a page on the synthetic crawl)."""
+        `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles)` (b"" if not
+        `sets`), in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl, before the
+        bands and sets)."""
         p = self.params
         if _native is None:
             x = self.shingles(token_hashes)
             sk = self.sketch(x)
             return (sk, self.keys(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n),
-                    shingle_tops(x))
+                    shingle_tops(x) if self.sets else b"")
         sk_b, keys_b, sig, tops = _native.sketch_page(
             np.ascontiguousarray(token_hashes, dtype=np.uint64), self._shingle_mult, self._a,
             self._b, self._family, p.groups, self._feature_seed,
             np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
-            *self.bands, self._band_seed,
+            *self.bands, self._band_seed, self.sets,
         )
         if len(tops) > 4 * (MAX_SET_SHINGLES + 1):
             tops = _packed(np.frombuffer(tops, dtype="<u4", offset=4))
@@ -256,33 +259,28 @@ MAX_SET_SHINGLES = 1 << 16
 
 
 def shingle_tops(shingles: np.ndarray) -> bytes:
-    """What a kept page stores for exact verification: a u32 sampling shift, then each
-    shingle fingerprint's top 32 bits in text order (little-endian; b"" without shingles).
-    Two distinct shingles of one page share them with probability ~n**2 / 2**33, too rarely
-    to move a Jaccard."""
-    x = np.asarray(shingles, dtype=np.uint64)
-    return _packed((x >> _SHIFT32).astype("<u4")) if x.shape[0] else b""
+    """What a kept page stores for exact verification: a u32 sampling shift, then the
+    distinct top 32 bits of its shingle fingerprints, ascending (little-endian; b"" without
+    shingles). Two distinct shingles of one page share them with probability ~n**2 / 2**33,
+    too rarely to move a Jaccard. (The kernel sorts them, in `Sketcher.page`.)"""
+    x = np.sort((np.asarray(shingles, dtype=np.uint64) >> _SHIFT32).astype("<u4"))
+    return _packed(x[np.concatenate(([True], x[1:] != x[:-1]))]) if x.shape[0] else b""
 
 
 def _packed(tops: np.ndarray) -> bytes:
+    """Distinct ascending values, MOD-m sampled past MAX_SET_SHINGLES, with their shift."""
     shift = 0
-    if tops.shape[0] > MAX_SET_SHINGLES:  # sampled by its distinct values, not its repeats
-        tops = np.sort(tops)
-        tops = tops[np.concatenate(([True], tops[1:] != tops[:-1]))]
-        while tops.shape[0] >> shift > MAX_SET_SHINGLES:
-            shift += 1
+    while tops.shape[0] >> shift > MAX_SET_SHINGLES:
+        shift += 1
+    if shift:
         tops = tops[(tops & np.uint32((1 << shift) - 1)) == 0]
     return np.uint32(shift).astype("<u4").tobytes() + tops.astype("<u4").tobytes()
 
 
 def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
-    """(sampling shift, sorted distinct values) of `shingle_tops` bytes: what `jaccard`
-    compares."""
-    shift = int.from_bytes(tops[:4], "little")
-    x = np.sort(np.frombuffer(tops, dtype="<u4", offset=4))
-    if x.shape[0] > 1:
-        x = x[np.concatenate(([True], x[1:] != x[:-1]))]
-    return shift, x
+    """(sampling shift, the sorted distinct values) of `shingle_tops` bytes: what `jaccard`
+    compares (a view, no copy)."""
+    return int.from_bytes(tops[:4], "little"), np.frombuffer(tops, dtype="<u4", offset=4)
 
 
 def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float | None:
@@ -296,9 +294,12 @@ def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> flo
         a, b = b, a
     if a.shape[0] == 0:
         return None
-    at = np.searchsorted(b, a)
-    at[at == b.shape[0]] = 0
-    common = int(np.count_nonzero(b[at] == a))
+    if _native is not None:
+        common = _native.intersect_count(a, b)
+    else:
+        at = np.searchsorted(b, a)
+        at[at == b.shape[0]] = 0
+        common = int(np.count_nonzero(b[at] == a))
     return common / (a.shape[0] + b.shape[0] - common)
 
 

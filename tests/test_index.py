@@ -151,8 +151,9 @@ def test_multimap_keep_first_and_last() -> None:
 def test_multimap_kernels_match_python(
     keep: str, cap: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The compiled memtable and run lookups store and find what the Python code does,
-    across flushes and merges, with 64-bit keys sharing their low 32 bits."""
+    """The compiled memtable and run lookups (all keys' values, and each key's) store and
+    find what the Python code does, across flushes and merges, with 64-bit keys sharing
+    their low 32 bits."""
     from stream_dedup.index import memory
 
     if memory._native is None:
@@ -170,6 +171,7 @@ def test_multimap_kernels_match_python(
             m.add_many(np.array(page_keys, dtype=np.uint64), value)
             if value % 1_500 == 0:
                 got += [sorted(m.get_many(q)) for q in queries]
+                got += [sorted(p) for q in queries for p in m.postings(q)]
         return got, [(k.tolist(), v.tolist()) for k, v in m._runs]
 
     compiled = run()

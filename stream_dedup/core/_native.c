@@ -14,6 +14,7 @@
  *                                  sorted shingle set in one call
  *   intersect_count(a, b)          values two sorted uint32 sets share (exact Jaccard)
  *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
+ *   multimap_postings(...)          the same, a list per key, in one call
  *   memtable_add, memtable_arrays  the memory index's memtable: add a page; dump it for a run
  *
  * The tree walk calls lexbor through the functions selectolax's own module exports (the
@@ -1389,6 +1390,40 @@ static PyObject *multimap_get(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* multimap_postings(runs, mem, keys, cap) -> list[list[int]]: multimap_get of each key (a
+ * uint64 buffer) on its own, in one call. */
+static PyObject *multimap_postings(PyObject *self, PyObject *args) {
+    PyObject *runs, *mem, *keys_obj;
+    Py_ssize_t cap;
+    if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
+                          &cap))
+        return NULL;
+    if (cap < 1) {
+        PyErr_SetString(PyExc_ValueError, "cap must be >= 1");
+        return NULL;
+    }
+    Py_buffer q;
+    if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const uint64_t *keys = q.buf;
+    Py_ssize_t nq = q.len / 8;
+    PyObject *out = PyList_New(nq);
+    int rc = out == NULL ? -1 : 0;
+    for (Py_ssize_t i = 0; i < nq && rc == 0; i++) {
+        PyObject *values = PyList_New(0);
+        if (values == NULL) {
+            rc = -1;
+            break;
+        }
+        PyList_SET_ITEM(out, i, values); /* out owns it now, even if filling it fails */
+        for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && rc == 0; r++)
+            rc = run_values(PyList_GET_ITEM(runs, r), keys + i, 1, cap, values);
+        if (rc == 0) rc = memtable_values(mem, (uint32_t)keys[i], values);
+    }
+    PyBuffer_Release(&q);
+    if (rc < 0) Py_CLEAR(out);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"bind_lexbor", bind_lexbor, METH_VARARGS,
      "bind_lexbor(path, text_node, marker, other): bind the tree walk to the loaded selectolax "
@@ -1420,6 +1455,9 @@ static PyMethodDef methods[] = {
     {"multimap_get", multimap_get, METH_VARARGS,
      "multimap_get(runs, mem, keys, cap) -> list[int]: the values of the keys (uint64 buffer or "
      "int) in the sorted runs (the last cap per run) and the memtable"},
+    {"multimap_postings", multimap_postings, METH_VARARGS,
+     "multimap_postings(runs, mem, keys, cap) -> list[list[int]]: multimap_get of each key of "
+     "a uint64 buffer, a list each, in one call"},
     {"memtable_add", memtable_add, METH_VARARGS,
      "memtable_add(mem, keys, value, cap, keep_first) -> entries added"},
     {"memtable_arrays", memtable_arrays, METH_VARARGS,

@@ -132,14 +132,13 @@ class SortedRunMultimap:
     def postings(self, keys: np.ndarray) -> list[list[int]]:
         """Each key's `cap` largest values (the most recent pages), a list per key. (Each
         run and the memtable are capped on their own, so a key may hold more.)"""
-        out = []
-        for key in keys.tolist():
-            if _native is not None:
-                values = _native.multimap_get(self._runs, self._mem, key, self.cap)
-            else:
-                values = self.get_many(np.array([key], dtype=np.uint64))
-            out.append(values if len(values) <= self.cap else sorted(values)[-self.cap:])
-        return out
+        cap = self.cap
+        if _native is not None:  # one call for every key
+            got = _native.multimap_postings(self._runs, self._mem,
+                                            np.ascontiguousarray(keys, dtype=np.uint64), cap)
+        else:
+            got = [self.get_many(np.array([key], dtype=np.uint64)) for key in keys.tolist()]
+        return [v if len(v) <= cap else sorted(v)[-cap:] for v in got]
 
     def values(self, key: int) -> list[int]:
         """The stored values of one key, ascending (older runs hold older ids)."""

@@ -630,3 +630,14 @@ def test_intersect_count_is_the_size_of_the_intersection(
     x, y = sorted(a | common), sorted(b | common)
     got = _native.intersect_count(np.array(x, "<u4"), np.array(y, "<u4").tobytes())
     assert got == len(set(x) & set(y))
+
+
+@needs_native
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(st.integers(0, 2**32 - 1), max_size=2000)
+       | arrays(np.uint32, st.integers(0, 3000), elements=st.integers(0, 40)))
+def test_sort_distinct_is_the_sorted_set(values: list[int] | np.ndarray) -> None:
+    """The radix sort, on spread values and on few repeated ones (every digit pass)."""
+    x = np.array(values, dtype="<u4")
+    got = np.frombuffer(_native.sort_distinct(x), dtype="<u4").tolist()
+    assert got == sorted(set(x.tolist()))

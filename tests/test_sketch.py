@@ -127,7 +127,7 @@ def test_shingle_tops_are_the_fingerprints_top_halves() -> None:
     sk = Sketcher(Params())
     shingles = sk.shingles(tokenize("one two three four five six seven eight nine ten").hashes)
     tops = np.frombuffer(shingle_tops(shingles), dtype="<u4")
-    assert tops.tolist() == [0] + sorted({int(x) >> 32 for x in shingles.tolist()})
+    assert tops.tolist() == [0] + [int(x) >> 32 for x in shingles.tolist()]  # text order
     assert len(tops) == 4 and shingle_tops(shingles[:0]) == b""
 
 

@@ -11,7 +11,8 @@
  *   minhash(shingles, a, b, fam)   k*s minima (32-bit values)
  *   ld_signature(cps, c, mult)     Coates' signature bytes
  *   sketch_page(...)               shingles, min-hashes, features, band keys, signature and the
- *                                  sorted shingle set in one call
+ *                                  shingles' top halves in one call
+ *   sort_distinct(values)          those sorted, each once (a shingle set)
  *   intersect_count(a, b)          values two sorted uint32 sets share (exact Jaccard)
  *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
  *   multimap_postings(...)          the same, a list per key, in one call
@@ -1083,6 +1084,28 @@ static Py_ssize_t sort_distinct_u32(uint32_t *v, uint32_t *tmp, Py_ssize_t n) {
     return kept;
 }
 
+/* sort_distinct(values) -> bytes: the uint32 values of a buffer, ascending, each once. */
+static PyObject *sort_distinct(PyObject *self, PyObject *args) {
+    Py_buffer in;
+    if (!PyArg_ParseTuple(args, "y*", &in)) return NULL;
+    Py_ssize_t n = in.len / 4;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
+    uint32_t *tmp = n > 0 ? PyMem_Malloc((size_t)n * 4) : NULL;
+    if (out != NULL && n > 0 && tmp == NULL) {
+        PyErr_NoMemory();
+        Py_CLEAR(out);
+    }
+    if (out != NULL && n > 0) {
+        uint32_t *v = (uint32_t *)PyBytes_AS_STRING(out);
+        memcpy(v, in.buf, (size_t)n * 4);
+        Py_ssize_t kept = sort_distinct_u32(v, tmp, n);
+        if (kept < n) _PyBytes_Resize(&out, kept * 4); /* out is NULL if that failed */
+    }
+    PyMem_Free(tmp);
+    PyBuffer_Release(&in);
+    return out;
+}
+
 /* intersect_count(a, b) -> int: how many values two ascending uint32 arrays without repeats
  * (sketch.py's shingle sets) have in common: one merge of the two. */
 static PyObject *intersect_count(PyObject *self, PyObject *args) {
@@ -1104,9 +1127,10 @@ static PyObject *intersect_count(PyObject *self, PyObject *args) {
  * ld_mult, bands, band_size, band_seed, sets) -> (sketch uint32 bytes, keys uint64 bytes, LD
  * signature bytes, shingle set bytes): shingles, k*s min-hashes, the k features then `bands` LSH
  * band keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
- * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then the distinct
- * top 32 bits of the shingles, ascending (the set exact verification compares; empty without
- * shingles, or with `sets` 0), of one page, with no Python in between. */
+ * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then the top 32
+ * bits of each shingle in text order (the set exact verification compares, once sorted by
+ * sort_distinct; empty without shingles, or with `sets` 0), of one page, with no Python in
+ * between. */
 static PyObject *sketch_page(PyObject *self, PyObject *args) {
     Py_buffer th, sm, a, b, cps, lm;
     int family;
@@ -1150,9 +1174,6 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
         uint32_t *hi = (uint32_t *)PyBytes_AS_STRING(his);
         hi[0] = 0;
         for (Py_ssize_t i = 0; i < m; i++) hi[i + 1] = (uint32_t)(x[i] >> 32);
-        /* the shingles are no longer needed: their buffer (m * 8 bytes) is the sort's tmp */
-        Py_ssize_t kept = sort_distinct_u32(hi + 1, (uint32_t *)x, m);
-        if (kept < m && _PyBytes_Resize(&his, 4 + kept * 4) < 0) goto done;
     }
     uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(feats);
     features_k(sk, groups, k / groups, seed, keys);
@@ -1449,7 +1470,9 @@ static PyMethodDef methods[] = {
     {"sketch_page", sketch_page, METH_VARARGS,
      "sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, "
      "ld_c, ld_mult, bands, band_size, band_seed, sets) -> (sketch uint32 bytes, keys uint64 "
-     "bytes, LD signature bytes, shingle set: u32 0 then ascending distinct uint32, or empty)"},
+     "bytes, LD signature bytes, shingles: u32 0 then a uint32 each, or empty)"},
+    {"sort_distinct", sort_distinct, METH_VARARGS,
+     "sort_distinct(values) -> bytes: a buffer's uint32 values, ascending, each once"},
     {"intersect_count", intersect_count, METH_VARARGS,
      "intersect_count(a, b) -> int: values two ascending uint32 arrays without repeats share"},
     {"multimap_get", multimap_get, METH_VARARGS,

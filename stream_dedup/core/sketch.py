@@ -146,7 +146,7 @@ class Sketcher:
             *self.bands, self._band_seed, self.sets,
         )
         if len(tops) > 4 * (MAX_SET_SHINGLES + 1):
-            tops = _packed(np.frombuffer(tops, dtype="<u4", offset=4))
+            tops = _packed(_distinct(memoryview(tops)[4:]))
         return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(keys_b, dtype=np.uint64), \
             sig, tops
 
@@ -259,28 +259,42 @@ MAX_SET_SHINGLES = 1 << 16
 
 
 def shingle_tops(shingles: np.ndarray) -> bytes:
-    """What a kept page stores for exact verification: a u32 sampling shift, then the
-    distinct top 32 bits of its shingle fingerprints, ascending (little-endian; b"" without
-    shingles). Two distinct shingles of one page share them with probability ~n**2 / 2**33,
-    too rarely to move a Jaccard. (The kernel sorts them, in `Sketcher.page`.)"""
-    x = np.sort((np.asarray(shingles, dtype=np.uint64) >> _SHIFT32).astype("<u4"))
-    return _packed(x[np.concatenate(([True], x[1:] != x[:-1]))]) if x.shape[0] else b""
+    """What a kept page stores for exact verification: a u32 sampling shift, then the top 32
+    bits of each shingle fingerprint (little-endian; b"" without shingles), in text order:
+    sorted only when compared (`shingle_set`), since most stored pages never are. Two
+    distinct shingles of one page share them with probability ~n**2 / 2**33, too rarely to
+    move a Jaccard."""
+    x = np.asarray(shingles, dtype=np.uint64)
+    if x.shape[0] == 0:
+        return b""
+    tops = (x >> _SHIFT32).astype("<u4")
+    if tops.shape[0] > MAX_SET_SHINGLES:
+        return _packed(_distinct(tops))
+    return bytes(4) + tops.tobytes()
 
 
-def _packed(tops: np.ndarray) -> bytes:
-    """Distinct ascending values, MOD-m sampled past MAX_SET_SHINGLES, with their shift."""
+def _distinct(values: np.ndarray | memoryview) -> np.ndarray:
+    """Ascending uint32 values, each once."""
+    if _native is not None:
+        return np.frombuffer(_native.sort_distinct(values), dtype="<u4")
+    x = np.sort(np.frombuffer(values, dtype="<u4"))
+    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.shape[0] else x
+
+
+def _packed(distinct: np.ndarray) -> bytes:
+    """A long page's distinct values, MOD-m sampled past MAX_SET_SHINGLES, with the shift."""
     shift = 0
-    while tops.shape[0] >> shift > MAX_SET_SHINGLES:
+    while distinct.shape[0] >> shift > MAX_SET_SHINGLES:
         shift += 1
     if shift:
-        tops = tops[(tops & np.uint32((1 << shift) - 1)) == 0]
-    return np.uint32(shift).astype("<u4").tobytes() + tops.astype("<u4").tobytes()
+        distinct = distinct[(distinct & np.uint32((1 << shift) - 1)) == 0]
+    return np.uint32(shift).astype("<u4").tobytes() + distinct.astype("<u4").tobytes()
 
 
 def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
     """(sampling shift, the sorted distinct values) of `shingle_tops` bytes: what `jaccard`
-    compares (a view, no copy)."""
-    return int.from_bytes(tops[:4], "little"), np.frombuffer(tops, dtype="<u4", offset=4)
+    compares."""
+    return int.from_bytes(tops[:4], "little"), _distinct(memoryview(tops)[4:])
 
 
 def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float | None:

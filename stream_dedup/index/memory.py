@@ -8,17 +8,18 @@ sorted runs (np.searchsorted on all k features at once). Merging is also where p
 lists are capped: a feature keeps only its `cap` most recent pages (or, for the exact
 layers, its first pages).
 
-Keys are the low 32 bits of the 64-bit features and fingerprints (uniform hash outputs).
-For features a chance match costs nothing: a near-duplicate needs r shared features of one
-page, and sampled verification compares full sketches. For the exact layers, where a match
-drops a page unverified, every hit is confirmed against the full 64-bit fingerprint in the
-page's document record. 6 features + 2 fingerprints = 64 bytes a page.
+Keys are the low 32 bits of the 64-bit index keys (features, band keys) and fingerprints
+(uniform hash outputs). For index keys a chance match costs nothing: a candidate is
+verified before it drops a page (or, unsampled, needs r shared features). For the exact
+layers, where a match drops a page unverified, every hit is confirmed against the full
+64-bit fingerprint in the page's document record. 6 features + 5 band keys + 2 fingerprints
+= 104 bytes a page.
 
 The document records are columns too (DocArena): a fixed row, the fingerprints and the URL
-in RAM (~130 bytes a page), and what only verification reads, the sketch and the LD
-signature (~640 bytes), in an unlinked temporary file by default (read back with one pread
-per candidate verified, a few per page that has candidates; `memory_records = "ram"` keeps
-them in RAM instead).
+in RAM (~130 bytes a page), and what only verification reads, the sketch, the shingle set
+and the LD signature (~640 bytes + 4 a distinct shingle), in an unlinked temporary file by
+default (read back with one pread per candidate verified, a few per page that has
+candidates; `memory_records = "ram"` keeps them in RAM instead).
 """
 
 from __future__ import annotations
@@ -301,8 +302,9 @@ class _RecordFile:
             ) from exc
         if kind := in_ram(where):
             log.warning("the memory index's record file is in %s, a %s: it takes RAM there, "
-                        "not disk (~640 bytes a kept page); give a directory on disk with "
-                        "--memory-records-dir", where, kind)
+                        "not disk (~640 bytes + 4 a shingle a kept page: ~8 KB for a mean "
+                        "web page); give a directory on disk with --memory-records-dir", where,
+                        kind)
         self._fd = self._file.fileno()
         # An index nobody closes (a library user's) closes its file when it is collected.
         self.close = weakref.finalize(self, self._file.close)

@@ -194,7 +194,7 @@ System = Callable[[Corpus], list[Outcome]]
 
 
 def ours(settings: Settings) -> System:
-    def run(c: Corpus) -> list[Outcome]:
+    def run(c: Corpus) -> list[Outcome]:  # (run.settings: what the plot reads)
         dd = Deduplicator(settings)
         out: list[Outcome] = []
         where: dict[int, int] = {}  # kept page_id -> position
@@ -211,6 +211,7 @@ def ours(settings: Settings) -> System:
                 out.append(Outcome(SKIP))
         return out
 
+    run.settings = settings  # type: ignore[attr-defined]
     return run
 
 
@@ -327,17 +328,21 @@ def load(name: str) -> Corpus:
     return prepare("warc", pages)
 
 
-def corpus_table(c: Corpus, runs: dict[str, System]) -> str:
+Row = tuple[str, System, Scores, float]  # name, system, scores, seconds
+
+
+def corpus_table(c: Corpus, runs: dict[str, System]) -> tuple[str, list[Row]]:
     t0 = time.perf_counter()
     j8 = j8_matrix(c)
     check_matrix(c, j8)
     truth_s = time.perf_counter() - t0
-    rows = []
+    rows, scored = [], []
     for name, system in runs.items():
         t = time.perf_counter()
         outcomes = system(c)
         seconds = time.perf_counter() - t
         s = kept_relative(outcomes, j8)
+        scored.append((name, system, s, seconds))
         rows.append([
             name, s.kept, s.drops, s.precision, s.drops_below_05, s.drops_no_j8,
             *(f"{r:.3f} ({h}/{n})" if n else "– (0)"
@@ -355,13 +360,50 @@ def corpus_table(c: Corpus, runs: dict[str, System]) -> str:
         f"system kept is in the bucket). seconds: stream-dedup's include its whole analysis "
         f"(parsing included), a peer's only its min-hashing and LSH over the given shingles. "
         f"J8 matrix in {truth_s:.1f} s.\n"
-    )
+    ), scored
+
+
+def plot(c: Corpus, scored: list[Row], png: Path) -> None:
+    """Recall at J8 0.8-0.9 against RAM a kept page takes in the memory index's keys, for
+    our rows (pages/s of the same run and precision by each point)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    shown = 0
+    for name, system, s, seconds in scored:
+        settings = getattr(system, "settings", None)
+        if settings is None or not settings.verify_single_feature or settings.verify_rate < 1:
+            continue
+        shown += 1
+        ram = 16 + 8 * (settings.groups + settings.bands)  # exact layers + index keys
+        exact = settings.verify_exact
+        ax.scatter(ram, s.recall[0], s=60, marker="o" if exact else "s",
+                   facecolors="tab:green" if exact else "none", edgecolors="tab:green")
+        ax.annotate(f"{name.removeprefix('stream-dedup, ')}\n{len(c.pages) / seconds:.0f} "
+                    f"pages/s, precision {s.precision:.2f}", (ram, s.recall[0]),
+                    textcoords="offset points", xytext=(6, -14 if shown % 2 else 4),
+                    fontsize=7)
+    ax.axhline(0.9, color="grey", lw=0.8, ls="--")
+    ax.set_xlabel("RAM a kept page in the memory index's keys, B (exact layers 16 + 8 a key; "
+                  "records on disk)")
+    ax.set_ylabel("recall, later pages with a kept match at J8 0.8-0.9")
+    ax.set_title(f"{c.name}: stream-dedup settings (filled: exact Jaccard; hollow: 84-hash "
+                 "estimate)", fontsize=9)
+    ax.set_xlim(50, 200)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", choices=("httpbis", "warc", "both"), default="both")
+    ap.add_argument("--plot", type=Path, default=Path(__file__).with_name("recall_engine.png"),
+                    help="where the httpbis trade-off plot goes (bench/recall_engine.png)")
     args = ap.parse_args(argv)
     print(benchlib.header("# bench/kept_relative.py"))
     runs, missing = systems()
@@ -373,7 +415,10 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         c = load(name)
         print(f"## {titles[name]} (prepared in {time.perf_counter() - t0:.1f} s)\n")
-        print(corpus_table(c, runs), flush=True)
+        text, scored = corpus_table(c, runs)
+        print(text, flush=True)
+        if name == "httpbis":
+            plot(c, scored, args.plot)
     return 0
 
 

@@ -198,3 +198,19 @@ def test_many_instances_start_at_once(url: str) -> None:
     assert all(index.ping() for index in opened)
     for index in opened:
         index.close()
+
+
+def test_records_with_shingle_sets_in_the_index_redis_are_warned_about(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Exact verification's sets (~10 KB a mean page) in the index's own Redis RAM: said
+    at start, with the two ways out; not with a records store or with --no-verify-exact."""
+    for settings, warned in ((Settings(index="redis", redis_url=url), True),
+                             (Settings(index="redis", redis_url=url, verify_exact=False), False),
+                             (Settings(index="redis", redis_url=url, redis_records_url=url),
+                              False)):
+        caplog.clear()
+        index_for(settings).close()
+        said = [r.getMessage() for r in caplog.records if "shingle set" in r.getMessage()]
+        assert bool(said) == warned, settings
+        if warned:
+            assert "--redis-records-url" in said[0] and "--no-verify-exact" in said[0]

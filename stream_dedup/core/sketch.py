@@ -199,7 +199,7 @@ class Sketcher:
             np.minimum(out, (h.min(axis=1) >> _SHIFT32).astype(np.uint32), out=out)
         return out
 
-    # --- features ---------------------------------------------------------------
+    # --- features -----------------------------------------------------------------
     def features(self, sketch: np.ndarray) -> np.ndarray:
         """k 64-bit features. Group g's: h = mix64(seed + (g+1)*golden), then h = mix64(h ^ v)
         for each of its s min-hashes v in order (the kernel computes the same in `page`)."""

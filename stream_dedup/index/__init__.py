@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .base import CANONICAL, RAW, FeatureIndex, StoredDoc
 from .memory import MemoryIndex
+
+log = logging.getLogger("stream_dedup")
 
 if TYPE_CHECKING:
     from ..config import Settings
@@ -60,6 +63,13 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
         return MemoryIndex(s.params.stamp, s.max_posting, records_dir)
     if s.index == "redis":
         from .redis import RedisIndex
+
+        if s.verify_exact and not s.redis_records_url:
+            log.warning("the verification records go to the index's Redis, each with its page's "
+                        "shingle set for exact verification (4 B a shingle: ~10 KB of Redis RAM "
+                        "a mean web page, bench/RESULTS.md): give them a store on disk "
+                        "(--redis-records-url, e.g. Kvrocks), or verify by the sketch "
+                        "(--no-verify-exact: ~1 KB a page)")
 
         return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
                           retention_days=s.retention_days, threshold=s.threshold,

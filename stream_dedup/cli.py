@@ -143,17 +143,19 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
              "comma-separated, so a start does not depend on one node", "URL"),
         Flag("redis_buckets", "redis: bucket hashes per hash tag (1,024 tags), fixed when the "
-             "index is made; the default suits up to ~4M pages held: take pages / 30,000 "
-             "(docs/scale-out.md)", "N"),
-        Flag("redis_records_url", "redis: keep the kept pages' verification records (~730 B "
-             "a page in Redis; 3/4 of what a page costs) in this other store, e.g. Kvrocks on "
-             "SSD, so that the Redis index holds ~270 B a page (default: in the index's Redis)",
+             "index is made; the default suits up to ~2.5M pages held: take pages / 18,000 "
+             "(pages / 30,000 with --bands 0; docs/scale-out.md)", "N"),
+        Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
+             "their shingle sets ~10 KB a mean web page of Redis RAM; ~730 B with "
+             "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
+             "index holds ~410 B a page (~270 with --bands 0) (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),
         Flag("memory_records", "memory index: where what only verification reads (sketch, "
-             "LD signature: ~640 B a kept page) lives: disk (an unlinked temporary file; "
-             "~200 B a page of RAM) or ram (~850 B a page)", choices=["disk", "ram"]),
+             "shingle set, LD signature: ~640 B + 4 a shingle, ~8.3 KB a mean web page) "
+             "lives: disk (an unlinked temporary file; ~240 B a page of RAM) or ram (all of "
+             "it in RAM)", choices=["disk", "ram"]),
         Flag("memory_records_dir", "memory index: the directory of that file (default: "
              "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
              "RAM)", "DIR"),

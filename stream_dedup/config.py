@@ -84,16 +84,18 @@ class Settings:
     index_path: str = ""  # the LSM directory (required with index = "lsm")
     redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
     # Redis: the index's entries are fields of bucket hashes, this many per hash tag (1,024
-    # tags); fixed when the index is made. ~8 x pages held / (1,024 x buckets) fields each:
-    # keep that under ~250 (docs/scale-out.md)
+    # tags); fixed when the index is made. ~13 x pages held / (1,024 x buckets) fields each
+    # (6 features, 5 band keys, 2 fingerprints): keep that under ~250 (docs/scale-out.md)
     redis_buckets: int = 128
-    # Redis: where kept pages' verification records go (~730 bytes of Redis RAM each, read
-    # only to verify): another Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
+    # Redis: where kept pages' verification records go (read only to verify; with their
+    # shingle sets ~10 KB of Redis RAM a mean web page, ~730 bytes without): another
+    # Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
     redis_records_url: str = ""
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
-    # memory index: where what only verification reads (sketch, LD signature: ~640 bytes a
-    # kept page) lives: "disk", an unlinked temporary file in memory_records_dir ("": $TMPDIR,
-    # else /var/tmp), leaving ~200 bytes a page of RAM; or "ram" (~850)
+    # memory index: where what only verification reads (sketch, shingle set, LD signature:
+    # ~640 bytes + 4 a shingle, ~8.3 KB a mean web page) lives: "disk", an unlinked temporary
+    # file in memory_records_dir ("": $TMPDIR, else /var/tmp), leaving ~240 bytes a page of
+    # RAM; or "ram" (all of it in RAM)
     memory_records: str = "disk"
     memory_records_dir: str = ""
     retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)

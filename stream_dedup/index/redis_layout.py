@@ -42,7 +42,7 @@ ID_BYTES = 13  # 98-bit ids (models.position_id)
 SHARDS = 1024
 FORMAT = 4  # 4: records carry the shingle set (exact verification)
 BUCKETS = 128  # set buckets per hash tag by default: ~60 fields each at 1M pages held
-RECORD_BUCKETS_PER = 8  # a page has 8 set entries and one record: records 1/8 the buckets
+RECORD_BUCKETS_PER = 8  # a page has 8 set entries (13 with band keys) and one record
 # A bucket stays a compact listpack (~25 bytes a field) only up to so many fields of at most
 # so many bytes (Redis settings: deploy/redis-local sets these; a warning if lower)
 LISTPACK_ENTRIES, LISTPACK_VALUE = 512, 1024

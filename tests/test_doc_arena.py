@@ -41,7 +41,7 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(memory, "_SHIFT", 4)
     monkeypatch.setattr(memory, "_CHUNK", 16)
     monkeypatch.setattr(memory, "_AT", 15)
-    monkeypatch.setattr(memory._RecordFile, "FLUSH_BYTES", 3000)  # rows in file and buffer
+    monkeypatch.setattr(memory, "_IOV_MAX", 5)  # a batch in several pwritev calls
     docs = [_doc(i) for i in range(100)]
     arena = DocArena(str(tmp_path) if on_disk else None)
     for start, end in ((0, 1), (1, 15), (15, 16), (16, 50), (50, 50), (50, 100)):
@@ -59,34 +59,41 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
     on_disk_bytes = arena.nbytes["on_disk"]
     assert (in_ram, on_disk_bytes) == ((0, verification) if on_disk else (verification, 0))
     if on_disk:
-        assert 0 < arena._records._written < on_disk_bytes  # some rows still buffered
         assert list(tmp_path.iterdir()) == []  # unlinked from the start: nothing left behind
     arena.close()
 
 
 def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.MonkeyPatch,
                                                        tmp_path: Path) -> None:
-    """The disk full while flushing: that batch raises and is not added; the rows before it
-    (some only in the buffer) still read back, and the next batch, once there is room,
-    lands where it belongs."""
-    monkeypatch.setattr(memory._RecordFile, "FLUSH_BYTES", 2000)
+    """The disk full while writing a batch: that batch raises and is not added (part of it
+    was written); the rows before it still read back, and the next batch, once there is
+    room, lands where it belongs."""
+    monkeypatch.setattr(memory, "_IOV_MAX", 4)
     docs = [_doc(i) for i in range(1, 60)]
     arena = DocArena(str(tmp_path))
     arena.extend(docs[:20])
-    real = os.pwrite
+    real, calls = os.pwritev, [0]
 
-    def full(fd: int, data: memoryview, offset: int) -> int:
-        if len(data) > 100:  # writes half, then finds the disk full
-            return real(fd, data[:100], offset)
+    def short(fd: int, views: list[memoryview], offset: int) -> int:
+        return real(fd, [bytes(b"".join(views))[:50]], offset)  # 50 bytes a call at most
+
+    monkeypatch.setattr(memory.os, "pwritev", short)
+    arena.extend(docs[20:25])  # short writes are continued where they stopped
+    assert all(_same(arena[i], docs[i]) for i in range(25))
+
+    def full(fd: int, views: list[memoryview], offset: int) -> int:
+        calls[0] += 1
+        if calls[0] < 3:  # a short write, a whole one, then the disk is full
+            return real(fd, [views[0][:7]] if calls[0] == 1 else views, offset)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(memory.os, "pwrite", full)
+    monkeypatch.setattr(memory.os, "pwritev", full)
     with pytest.raises(IndexStoreError, match="No space left.*--memory-records-dir"):
-        for start in range(20, 60, 10):
-            arena.extend(docs[start:start + 10])
+        arena.extend(docs[25:40])
+    assert len(arena) == 25 and calls[0] == 3
+    assert all(_same(arena[i], docs[i]) for i in range(25))
+    monkeypatch.setattr(memory.os, "pwritev", real)
     held = len(arena)
-    assert 20 <= held < 59
-    monkeypatch.setattr(memory.os, "pwrite", real)
     arena.extend(docs[held:])
     assert len(arena) == 59 and all(_same(arena[i], docs[i]) for i in range(59))
     arena.close()

@@ -14,8 +14,8 @@
  *                                  shingles' top halves in one call
  *   sort_distinct(values)          those sorted, each once (a shingle set)
  *   intersect_count(a, b)          values two sorted uint32 sets share (exact Jaccard)
- *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable)
- *   multimap_postings(...)          the same, a list per key, in one call
+ *   multimap_get(runs, mem, k, cap) values of keys in the memory index (runs, then memtable;
+ *                                  with `each`, a list per key)
  *   memtable_add, memtable_arrays  the memory index's memtable: add a page; dump it for a run
  *
  * The tree walk calls lexbor through the functions selectolax's own module exports (the
@@ -1374,15 +1374,28 @@ static int memtable_values(PyObject *mem, uint32_t key, PyObject *out) {
     return 0;
 }
 
-/* multimap_get(runs, mem, keys, cap) -> list[int]: every value stored under the keys (a uint64
- * buffer, or one int; their low 32 bits count): the last `cap` of each key in each run, then
- * its memtable values. What SortedRunMultimap.get_many does in Python with two searchsorted
- * calls per run. */
+/* Key i's values (each) or every key's (not each) into out: the last `cap` in each run, then
+ * the memtable's. */
+static int multimap_values(PyObject *runs, PyObject *mem, const uint64_t *keys, Py_ssize_t nq,
+                           Py_ssize_t cap, PyObject *out) {
+    int rc = 0;
+    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && rc == 0; r++)
+        rc = run_values(PyList_GET_ITEM(runs, r), keys, nq, cap, out);
+    for (Py_ssize_t i = 0; i < nq && rc == 0; i++)
+        rc = memtable_values(mem, (uint32_t)keys[i], out);
+    return rc;
+}
+
+/* multimap_get(runs, mem, keys, cap, each=False) -> list[int], or with `each` a list per key:
+ * every value stored under the keys (a uint64 buffer, or one int; their low 32 bits count):
+ * the last `cap` of each key in each run, then its memtable values. What
+ * SortedRunMultimap.get_many does in Python with two searchsorted calls per run. */
 static PyObject *multimap_get(PyObject *self, PyObject *args) {
     PyObject *runs, *mem, *keys_obj;
     Py_ssize_t cap;
-    if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
-                          &cap))
+    int each = 0;
+    if (!PyArg_ParseTuple(args, "O!O!On|p", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
+                          &cap, &each))
         return NULL;
     if (cap < 1) {
         PyErr_SetString(PyExc_ValueError, "cap must be >= 1");
@@ -1400,47 +1413,19 @@ static PyObject *multimap_get(PyObject *self, PyObject *args) {
         keys = q.buf;
         nq = q.len / 8;
     }
-    PyObject *out = PyList_New(0);
+    PyObject *out = PyList_New(each ? nq : 0);
     int rc = out == NULL ? -1 : 0;
-    for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && rc == 0; r++)
-        rc = run_values(PyList_GET_ITEM(runs, r), keys, nq, cap, out);
-    for (Py_ssize_t i = 0; i < nq && rc == 0; i++)
-        rc = memtable_values(mem, (uint32_t)keys[i], out);
-    if (q.obj != NULL) PyBuffer_Release(&q);
-    if (rc < 0) Py_CLEAR(out);
-    return out;
-}
-
-/* multimap_postings(runs, mem, keys, cap) -> list[list[int]]: multimap_get of each key (a
- * uint64 buffer) on its own, in one call. */
-static PyObject *multimap_postings(PyObject *self, PyObject *args) {
-    PyObject *runs, *mem, *keys_obj;
-    Py_ssize_t cap;
-    if (!PyArg_ParseTuple(args, "O!O!On", &PyList_Type, &runs, &PyDict_Type, &mem, &keys_obj,
-                          &cap))
-        return NULL;
-    if (cap < 1) {
-        PyErr_SetString(PyExc_ValueError, "cap must be >= 1");
-        return NULL;
-    }
-    Py_buffer q;
-    if (PyObject_GetBuffer(keys_obj, &q, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    const uint64_t *keys = q.buf;
-    Py_ssize_t nq = q.len / 8;
-    PyObject *out = PyList_New(nq);
-    int rc = out == NULL ? -1 : 0;
-    for (Py_ssize_t i = 0; i < nq && rc == 0; i++) {
+    if (!each && rc == 0) rc = multimap_values(runs, mem, keys, nq, cap, out);
+    for (Py_ssize_t i = 0; each && i < nq && rc == 0; i++) {
         PyObject *values = PyList_New(0);
         if (values == NULL) {
             rc = -1;
             break;
         }
         PyList_SET_ITEM(out, i, values); /* out owns it now, even if filling it fails */
-        for (Py_ssize_t r = 0; r < PyList_GET_SIZE(runs) && rc == 0; r++)
-            rc = run_values(PyList_GET_ITEM(runs, r), keys + i, 1, cap, values);
-        if (rc == 0) rc = memtable_values(mem, (uint32_t)keys[i], values);
+        rc = multimap_values(runs, mem, keys + i, 1, cap, values);
     }
-    PyBuffer_Release(&q);
+    if (q.obj != NULL) PyBuffer_Release(&q);
     if (rc < 0) Py_CLEAR(out);
     return out;
 }
@@ -1476,11 +1461,9 @@ static PyMethodDef methods[] = {
     {"intersect_count", intersect_count, METH_VARARGS,
      "intersect_count(a, b) -> int: values two ascending uint32 arrays without repeats share"},
     {"multimap_get", multimap_get, METH_VARARGS,
-     "multimap_get(runs, mem, keys, cap) -> list[int]: the values of the keys (uint64 buffer or "
-     "int) in the sorted runs (the last cap per run) and the memtable"},
-    {"multimap_postings", multimap_postings, METH_VARARGS,
-     "multimap_postings(runs, mem, keys, cap) -> list[list[int]]: multimap_get of each key of "
-     "a uint64 buffer, a list each, in one call"},
+     "multimap_get(runs, mem, keys, cap, each=False) -> list[int]: the values of the keys "
+     "(uint64 buffer or int) in the sorted runs (the last cap per run) and the memtable; with "
+     "each, a list per key"},
     {"memtable_add", memtable_add, METH_VARARGS,
      "memtable_add(mem, keys, value, cap, keep_first) -> entries added"},
     {"memtable_arrays", memtable_arrays, METH_VARARGS,

@@ -136,8 +136,8 @@ class SortedRunMultimap:
         run and the memtable are capped on their own, so a key may hold more.)"""
         cap = self.cap
         if _native is not None:  # one call for every key
-            got = _native.multimap_postings(self._runs, self._mem,
-                                            np.ascontiguousarray(keys, dtype=np.uint64), cap)
+            got = _native.multimap_get(self._runs, self._mem,
+                                       np.ascontiguousarray(keys, dtype=np.uint64), cap, True)
         else:
             got = [self.get_many(np.array([key], dtype=np.uint64)) for key in keys.tolist()]
         return [v if len(v) <= cap else sorted(v)[-cap:] for v in got]

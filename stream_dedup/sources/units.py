@@ -87,7 +87,7 @@ REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
 
 
 class Memo:
-    """Analyses (rows) by body fingerprint, the most recent first out when full."""
+    """Analyses (rows) by body fingerprint; when full, the least recently used go first."""
 
     def __init__(self) -> None:
         self.rows: OrderedDict[int, Row] = OrderedDict()

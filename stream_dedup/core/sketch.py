@@ -145,10 +145,8 @@ class Sketcher:
             np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
             *self.bands, self._band_seed, self.sets,
         )
-        if len(tops) > 4 * (MAX_SET_SHINGLES + 1):
-            tops = _packed(_distinct(memoryview(tops)[4:]))
         return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(keys_b, dtype=np.uint64), \
-            sig, tops
+            sig, _capped(tops)
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -265,12 +263,21 @@ def shingle_tops(shingles: np.ndarray) -> bytes:
     distinct shingles of one page share them with probability ~n**2 / 2**33, too rarely to
     move a Jaccard."""
     x = np.asarray(shingles, dtype=np.uint64)
-    if x.shape[0] == 0:
-        return b""
-    tops = (x >> _SHIFT32).astype("<u4")
-    if tops.shape[0] > MAX_SET_SHINGLES:
-        return _packed(_distinct(tops))
-    return bytes(4) + tops.tobytes()
+    return _capped(bytes(4) + (x >> _SHIFT32).astype("<u4").tobytes()) if x.shape[0] else b""
+
+
+def _capped(tops: bytes) -> bytes:
+    """`tops` (shift 0, then the values), or past MAX_SET_SHINGLES values the MOD-m sample
+    of its distinct ones, ascending, with its shift."""
+    if len(tops) <= 4 * (MAX_SET_SHINGLES + 1):
+        return tops
+    distinct = _distinct(memoryview(tops)[4:])
+    shift = 0
+    while distinct.shape[0] >> shift > MAX_SET_SHINGLES:
+        shift += 1
+    if shift:
+        distinct = distinct[(distinct & np.uint32((1 << shift) - 1)) == 0]
+    return np.uint32(shift).astype("<u4").tobytes() + distinct.astype("<u4").tobytes()
 
 
 def _distinct(values: np.ndarray | memoryview) -> np.ndarray:
@@ -279,16 +286,6 @@ def _distinct(values: np.ndarray | memoryview) -> np.ndarray:
         return np.frombuffer(_native.sort_distinct(values), dtype="<u4")
     x = np.sort(np.frombuffer(values, dtype="<u4"))
     return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.shape[0] else x
-
-
-def _packed(distinct: np.ndarray) -> bytes:
-    """A long page's distinct values, MOD-m sampled past MAX_SET_SHINGLES, with the shift."""
-    shift = 0
-    while distinct.shape[0] >> shift > MAX_SET_SHINGLES:
-        shift += 1
-    if shift:
-        distinct = distinct[(distinct & np.uint32((1 << shift) - 1)) == 0]
-    return np.uint32(shift).astype("<u4").tobytes() + distinct.astype("<u4").tobytes()
 
 
 def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:

@@ -69,7 +69,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                         "shingle set for exact verification (4 B a shingle: ~10 KB of Redis RAM "
                         "a mean web page, bench/RESULTS.md): give them a store on disk "
                         "(--redis-records-url, e.g. Kvrocks), or verify by the sketch "
-                        "(--no-verify-exact: ~1 KB a page)")
+                        "(--no-verify-exact: ~1.1 KB a page)")
 
         return RedisIndex(s.redis_url, s.params.stamp, s.max_posting,
                           retention_days=s.retention_days, threshold=s.threshold,

@@ -148,7 +148,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
              "their shingle sets ~10 KB a mean web page of Redis RAM; ~730 B with "
              "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
-             "index holds ~410 B a page (~270 with --bands 0) (default: in the index's Redis)",
+             "index holds ~410 B a page (~260 with --bands 0) (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),

@@ -32,7 +32,7 @@ import numpy as np
 
 from .config import Settings
 from .core import ldsig
-from .core.sketch import jaccard, resemblance, shingle_set
+from .core.sketch import jaccard, resemblance
 from .errors import PageError
 from .index.base import Answer, StoredDoc, rank_candidates
 from .models import (
@@ -219,16 +219,13 @@ def _verify(
     reported."""
     assert a.sketch is not None
     bar = s.verify_min_resemblance if min_resemblance is None else min_resemblance
-    mine = None  # the page's shingle set, made at its first exact comparison
     first_seen: tuple[float, float, float | None] | None = None
     for handle, shared in found[: s.verify_max_candidates]:
         doc = docs[handle]
         res = resemblance(a.sketch, doc.sketch)
         j = None
         if a.shingles and doc.shingles and s.verify_exact:
-            if mine is None:
-                mine = shingle_set(a.shingles)
-            j = jaccard(mine, shingle_set(doc.shingles))
+            j = jaccard(a.shingles, doc.shingles)
         close = res >= bar if j is None else j >= s.verify_min_jaccard
         if not close and (first_seen is not None or reason != NEAR):
             continue

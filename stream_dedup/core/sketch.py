@@ -258,10 +258,9 @@ MAX_SET_SHINGLES = 1 << 16
 
 def shingle_tops(shingles: np.ndarray) -> bytes:
     """What a kept page stores for exact verification: a u32 sampling shift, then the top 32
-    bits of each shingle fingerprint (little-endian; b"" without shingles), in text order:
-    sorted only when compared (`shingle_set`), since most stored pages never are. Two
-    distinct shingles of one page share them with probability ~n**2 / 2**33, too rarely to
-    move a Jaccard."""
+    bits of each shingle fingerprint (little-endian; b"" without shingles), in text order
+    (never sorted: `jaccard` compares two pages' as stored). Two distinct shingles of one
+    page share them with probability ~n**2 / 2**33, too rarely to move a Jaccard."""
     x = np.asarray(shingles, dtype=np.uint64)
     return _capped(bytes(4) + (x >> _SHIFT32).astype("<u4").tobytes()) if x.shape[0] else b""
 
@@ -280,38 +279,34 @@ def _capped(tops: bytes) -> bytes:
     return np.uint32(shift).astype("<u4").tobytes() + distinct.astype("<u4").tobytes()
 
 
-def _distinct(values: np.ndarray | memoryview) -> np.ndarray:
+def _distinct(values: memoryview) -> np.ndarray:
     """Ascending uint32 values, each once."""
-    if _native is not None:
-        return np.frombuffer(_native.sort_distinct(values), dtype="<u4")
-    x = np.sort(np.frombuffer(values, dtype="<u4"))
-    return x[np.concatenate(([True], x[1:] != x[:-1]))] if x.shape[0] else x
+    return np.unique(np.frombuffer(values, dtype="<u4"))
 
 
 def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
-    """(sampling shift, the sorted distinct values) of `shingle_tops` bytes: what `jaccard`
-    compares."""
+    """(sampling shift, the sorted distinct values) of `shingle_tops` bytes."""
     return int.from_bytes(tops[:4], "little"), _distinct(memoryview(tops)[4:])
 
 
-def jaccard(set_a: tuple[int, np.ndarray], set_b: tuple[int, np.ndarray]) -> float | None:
-    """|A∩B| / |A∪B| of two `shingle_set`s: exactly, or of their MOD-m samples at the
-    coarser page's m; None when a set (or its sample) is empty: nothing to tell."""
-    (shift_a, a), (shift_b, b) = set_a, set_b
-    if shift_a != shift_b:  # the finer set, sampled as the coarser one was
-        mask = np.uint32((1 << max(shift_a, shift_b)) - 1)
-        a, b = a[(a & mask) == 0], b[(b & mask) == 0]
-    if a.shape[0] > b.shape[0]:
-        a, b = b, a
-    if a.shape[0] == 0:
-        return None
+def jaccard(tops_a: bytes, tops_b: bytes) -> float | None:
+    """|A∩B| / |A∪B| of two pages' `shingle_tops`: exactly, or of their MOD-m samples at
+    the coarser page's m; None when a set (or its sample) is empty: nothing to tell. The
+    kernel counts both in one pass each, without sorting either."""
+    mask = (1 << max(int.from_bytes(tops_a[:4], "little"),
+                     int.from_bytes(tops_b[:4], "little"))) - 1
     if _native is not None:
-        common = _native.intersect_count(a, b)
+        n_a, n_b, common = _native.set_overlap(memoryview(tops_a)[4:], memoryview(tops_b)[4:],
+                                               mask)
     else:
-        at = np.searchsorted(b, a)
-        at[at == b.shape[0]] = 0
-        common = int(np.count_nonzero(b[at] == a))
-    return common / (a.shape[0] + b.shape[0] - common)
+        a, b = shingle_set(tops_a)[1], shingle_set(tops_b)[1]
+        if mask:  # the finer set, sampled as the coarser one was
+            a, b = a[(a & np.uint32(mask)) == 0], b[(b & np.uint32(mask)) == 0]
+        n_a, n_b = a.shape[0], b.shape[0]
+        common = int(np.intersect1d(a, b, assume_unique=True).shape[0])
+    if n_a == 0 or n_b == 0:
+        return None
+    return common / (n_a + n_b - common)
 
 
 def resemblance(sketch_a: np.ndarray, sketch_b: np.ndarray) -> float:

@@ -134,9 +134,10 @@ def decide_batch(
     no page_id in their decision (a question, not a decision)."""
     overlay = Overlay()
     out = []
+    last = len(analyses) - 1  # no page after it to see it (one page: `check`)
     for i, (a, pid, answer) in enumerate(zip(analyses, page_ids, answers, strict=True)):
         v = _decide(a, pid, answer, overlay, settings, keep_ids)
-        if v.doc is not None:
+        if v.doc is not None and i < last:
             overlay.add(v.doc, i)
         out.append(v)
     return out
@@ -160,16 +161,15 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
         return _keep(a, pid, UNIQUE, keep_ids, short=True)
     if a.sketch is None or a.features is None:
         raise ValueError("decide_batch needs a sketched Analysis for a long page")
-    handles: list[int] = []  # pages in the features' posting lists
-    banded: list[int] = []  # ... in the band keys'
-    for i, (key, stored) in enumerate(zip(a.features.tolist(), answer.postings, strict=True)):
-        mine = overlay.postings.get(key)
-        if mine is not None:  # the batch's own pages are the newest: they push the oldest out
-            stored = (stored + mine)[-s.max_posting:]
-        if i < s.groups:
-            handles += stored
-        else:
-            banded += stored
+    keys, postings = a.features.tolist(), answer.postings
+    if len(keys) != len(postings):
+        raise ValueError(f"{len(postings)} posting lists for {len(keys)} keys")
+    if overlay.postings.keys() & keys:  # the batch's own pages are the newest: they push the
+        postings = [stored if (mine := overlay.postings.get(key)) is None  # oldest out
+                    else (stored + mine)[-s.max_posting:]
+                    for key, stored in zip(keys, postings)]
+    handles = [h for stored in postings[: s.groups] for h in stored]  # pages in the features'
+    banded = [h for stored in postings[s.groups :] for h in stored]  # ... in the band keys'
     found = rank_candidates(handles, s.threshold)
     if not found and s.verify_single_feature and (handles or banded):
         # Most keys shared first (features and bands); a drop reports the features shared.

@@ -35,9 +35,15 @@ def _same(got: StoredDoc, want: StoredDoc) -> bool:
             and got.page_id == want.page_id and got.shingles == want.shingles)
 
 
-@pytest.mark.parametrize("on_disk", [False, True], ids=["ram", "file"])
+@pytest.mark.parametrize("on_disk, write_behind", [(False, 0), (True, 0), (True, 3000),
+                                                   (True, 1 << 20)],
+                         ids=["ram", "file", "file-buffered", "file-unwritten"])
 def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
-                                                tmp_path: Path, on_disk: bool) -> None:
+                                                tmp_path: Path, on_disk: bool,
+                                                write_behind: int) -> None:
+    """Rows read back from RAM, from the file, and from the record file's buffer (written
+    in pieces of ~3,000 bytes, or not yet at all)."""
+    monkeypatch.setattr(memory, "_WRITE_BEHIND", write_behind)
     monkeypatch.setattr(memory, "_SHIFT", 4)
     monkeypatch.setattr(memory, "_CHUNK", 16)
     monkeypatch.setattr(memory, "_AT", 15)
@@ -69,6 +75,7 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
     was written); the rows before it still read back, and the next batch, once there is
     room, lands where it belongs."""
     monkeypatch.setattr(memory, "_IOV_MAX", 4)
+    monkeypatch.setattr(memory, "_WRITE_BEHIND", 0)  # every batch written at once
     docs = [_doc(i) for i in range(1, 60)]
     arena = DocArena(str(tmp_path))
     arena.extend(docs[:20])
@@ -96,6 +103,38 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
     held = len(arena)
     arena.extend(docs[held:])
     assert len(arena) == 59 and all(_same(arena[i], docs[i]) for i in range(59))
+    arena.close()
+
+
+def test_a_failed_write_of_the_buffer_keeps_its_rows(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """The disk full when the buffered rows go out: the call raises and adds nothing, the
+    rows before it stay readable from the buffer, and they reach the file with the next
+    write, in order."""
+    docs = [_doc(i) for i in range(1, 40)]
+    arena = DocArena(str(tmp_path))
+    monkeypatch.setattr(memory, "_WRITE_BEHIND", 10**9)
+    arena.extend(docs[:10])
+    real, written = os.pwritev, []
+
+    def full(fd: int, views: list[memoryview], offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(memory.os, "pwritev", full)
+    monkeypatch.setattr(memory, "_WRITE_BEHIND", 1)
+    with pytest.raises(IndexStoreError, match="No space left"):
+        arena.extend(docs[10:12])
+    assert len(arena) == 10 and all(_same(arena[i], docs[i]) for i in range(10))
+
+    def counted(fd: int, views: list[memoryview], offset: int) -> int:
+        written.append((offset, sum(map(len, views))))
+        return real(fd, views, offset)
+
+    monkeypatch.setattr(memory.os, "pwritev", counted)
+    arena.extend(docs[10:20])
+    assert written == [(0, arena.nbytes["on_disk"])]  # the buffer and the batch, at once
+    monkeypatch.setattr(memory.os, "pwritev", full)  # now read from the file, not the buffer
+    assert len(arena) == 20 and all(_same(arena[i], docs[i]) for i in range(20))
     arena.close()
 
 

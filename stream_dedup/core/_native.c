@@ -1415,8 +1415,9 @@ static int multimap_values(PyObject *runs, PyObject *mem, const uint64_t *keys, 
 
 /* multimap_get(runs, mem, keys, cap, each=False) -> list[int], or with `each` a list per key:
  * every value stored under the keys (a uint64 buffer, or one int; their low 32 bits count):
- * the last `cap` of each key in each run, then its memtable values. What
- * SortedRunMultimap.get_many does in Python with two searchsorted calls per run. */
+ * the last `cap` of each key in each run, then its memtable values (with `each`, a key's
+ * `cap` largest, ascending, when its runs hold more). What SortedRunMultimap.get_many (and
+ * postings) does in Python with two searchsorted calls per run. */
 static PyObject *multimap_get(PyObject *self, PyObject *args) {
     PyObject *runs, *mem, *keys_obj;
     Py_ssize_t cap;
@@ -1451,6 +1452,9 @@ static PyObject *multimap_get(PyObject *self, PyObject *args) {
         }
         PyList_SET_ITEM(out, i, values); /* out owns it now, even if filling it fails */
         rc = multimap_values(runs, mem, keys + i, 1, cap, values);
+        Py_ssize_t n = rc == 0 ? PyList_GET_SIZE(values) : 0;
+        if (n > cap) /* several runs: the cap largest values (the most recent pages) */
+            rc = PyList_Sort(values) < 0 ? -1 : PyList_SetSlice(values, 0, n - cap, NULL);
     }
     if (q.obj != NULL) PyBuffer_Release(&q);
     if (rc < 0) Py_CLEAR(out);

@@ -164,11 +164,12 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
     keys, postings = a.features.tolist(), answer.postings
     if len(keys) != len(postings):
         raise ValueError(f"{len(postings)} posting lists for {len(keys)} keys")
-    if overlay.postings.keys() & keys:  # the batch's own pages are the newest: they push the
-        postings = [stored if (mine := overlay.postings.get(key)) is None  # oldest out
+    if overlay.postings.keys() & keys:
+        # The batch's own pages are the newest: they push the oldest out.
+        postings = [stored if (mine := overlay.postings.get(key)) is None
                     else (stored + mine)[-s.max_posting:]
-                    for key, stored in zip(keys, postings)]
-    handles = [h for stored in postings[: s.groups] for h in stored]  # pages in the features'
+                    for key, stored in zip(keys, postings, strict=True)]
+    handles = [h for stored in postings[: s.groups] for h in stored]  # in the features' lists
     banded = [h for stored in postings[s.groups :] for h in stored]  # ... in the band keys'
     found = rank_candidates(handles, s.threshold)
     if not found and s.verify_single_feature and (handles or banded):

@@ -285,10 +285,12 @@ def test_exact_jaccard_keeps_pages_below_the_bar() -> None:
 
 def test_long_repetitive_pages_are_sampled_by_their_distinct_shingles(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two words repeated past MAX_SET_SHINGLES: 2 distinct shingles, the same set on both
-    pages, so kept whole (a sample by the raw count was often empty: kept as distinct)."""
+    """Two words repeated past SAMPLE_SHINGLES and MAX_SET_SHINGLES: 2 distinct shingles,
+    the same set on both pages, so kept whole (a sample by the raw count was often empty:
+    kept as distinct)."""
     from stream_dedup.core import sketch
 
+    monkeypatch.setattr(sketch, "SAMPLE_SHINGLES", 500)
     monkeypatch.setattr(sketch, "MAX_SET_SHINGLES", 1000)
     for seed in range(32):
         r = random.Random(seed)

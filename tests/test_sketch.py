@@ -162,6 +162,30 @@ def test_a_long_page_stores_a_mod_m_sample_compared_at_the_coarser_m(
     assert sk.page(t.hashes, t.codepoints)[3] == shingle_tops(sk.shingles(t.hashes))
 
 
+@pytest.mark.parametrize("words", [3000, 60])
+def test_past_sample_shingles_a_page_stores_the_sample_its_sketch_sizes(
+        monkeypatch: pytest.MonkeyPatch, words: int) -> None:
+    """Past SAMPLE_SHINGLES shingles the shift comes from the sketch's estimate of the
+    distinct ones, the same in the kernel and in numpy: ~3,000 distinct shingles are
+    sampled down to 250-500, 60 repeated 50 times stay whole (the estimate sees 60)."""
+    monkeypatch.setattr(sketch, "SAMPLE_SHINGLES", 500)
+    sk = Sketcher(Params())
+    text = [f"w{i}" for i in range(words)]
+    t = tokenize(" ".join(text if words > 500 else text * 50))
+    x = sk.shingles(t.hashes)
+    kernel = sk.page(t.hashes, t.codepoints)[3]
+    assert kernel == shingle_tops(x, sk.sketch(x))
+    with mock.patch.object(sketch, "_native", None):
+        assert sk.page(t.hashes, t.codepoints)[3] == kernel
+    shift, values = shingle_set(kernel)
+    if words > 500:  # 2,993 distinct shingles
+        assert shift == 3 and 250 < values.shape[0] <= 500 and not (values & 7).any()
+        whole = {int(v) >> 32 for v in x.tolist()}
+        assert set(values.tolist()) == {v for v in whole if v & 7 == 0}
+    else:
+        assert shift == 0 and values.shape[0] == 60 and len(kernel) == 4 + 4 * x.shape[0]
+
+
 def test_bands_are_validated_and_keyed_apart() -> None:
     with pytest.raises(ConfigError):
         Sketcher(Params(), (22, 4))  # 88 > 84 min-hashes

@@ -1151,21 +1151,39 @@ static PyObject *set_overlap(PyObject *self, PyObject *args) {
     return failed ? NULL : Py_BuildValue("nnn", out[0], out[1], out[2]);
 }
 
+/* The MOD-2**s sample of its shingle set a page stores: all of them (s = 0) up to sample_at
+ * shingles; past that, the smallest s that brings the set's size, as the sketch estimates it,
+ * (k - 1) * 2**32 / the sum of the k minima (~11 % off at k = 84; at most the m shingles),
+ * to sample_at or fewer. Integer arithmetic: sketch.py's numpy path finds the same s. */
+static int set_shift(const uint32_t *sk, Py_ssize_t k, Py_ssize_t m, Py_ssize_t sample_at) {
+    if (m <= sample_at) return 0;
+    uint64_t sum = 0, distinct = (uint64_t)m;
+    for (Py_ssize_t i = 0; i < k; i++) sum += sk[i]; /* k <= 2**24: no overflow */
+    if (k >= 2 && sum > 0 && ((uint64_t)(k - 1) << 32) / sum < distinct)
+        distinct = ((uint64_t)(k - 1) << 32) / sum;
+    int shift = 0;
+    while (shift < 31 && (distinct >> shift) > (uint64_t)sample_at) shift++;
+    return shift;
+}
+
 /* sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, ld_c,
- * ld_mult, bands, band_size, band_seed, sets) -> (sketch uint32 bytes, keys uint64 bytes, LD
+ * ld_mult, bands, band_size, band_seed, sets, sample_at) -> (sketch uint32 bytes, keys uint64 bytes, LD
  * signature bytes, shingle set bytes): shingles, k*s min-hashes, the k features then `bands` LSH
  * band keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
- * band_seed), Coates' signature, and a u32 0 (sketch.py's sampling shift) then the top 32
- * bits of each shingle in text order (what exact verification compares, by set_overlap;
- * empty without shingles, or with `sets` 0), of one page, with no Python in between. */
+ * band_seed), Coates' signature, and a u32 sampling shift s (set_shift's, past sample_at
+ * shingles) then the top 32 bits of each shingle = 0 mod 2**s, in text order (what exact
+ * verification compares, by set_overlap; empty without shingles, or with `sets` 0), of one
+ * page, with no Python in between. */
 static PyObject *sketch_page(PyObject *self, PyObject *args) {
     Py_buffer th, sm, a, b, cps, lm;
     int family;
     Py_ssize_t groups, bands, band_size;
     unsigned long long seed, c, band_seed;
     int sets;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*nnKp", &th, &sm, &a, &b, &family, &groups,
-                          &seed, &cps, &c, &lm, &bands, &band_size, &band_seed, &sets))
+    Py_ssize_t sample_at;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*inKy*Ky*nnKpn", &th, &sm, &a, &b, &family, &groups,
+                          &seed, &cps, &c, &lm, &bands, &band_size, &band_seed, &sets,
+                          &sample_at))
         return NULL;
     static Scratch shingle_keep, sig_keep;
     Buf own_x, own_sig, *xs = scratch_take(&shingle_keep, &own_x),
@@ -1176,14 +1194,13 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
      * within the sketch (each factor <= k first: no overflow) */
     if (b.len != a.len || family < 0 || family > 2 || groups < 1 || groups > k ||
         k % groups != 0 || w < 1 || c == 0 || lm.len < 8 || bands < 0 || band_size < 1 ||
-        (bands > 0 && (bands > k || band_size > k || bands * band_size > k))) {
+        (bands > 0 && (bands > k || band_size > k || bands * band_size > k)) || sample_at < 1) {
         PyErr_SetString(PyExc_ValueError, "inconsistent sketch or signature parameters");
         goto done;
     }
     sketch = PyBytes_FromStringAndSize(NULL, k * 4);
     feats = PyBytes_FromStringAndSize(NULL, (groups + bands) * 8);
-    his = PyBytes_FromStringAndSize(NULL, m > 0 && sets ? 4 + m * 4 : 0);
-    if (sketch == NULL || feats == NULL || his == NULL) goto done;
+    if (sketch == NULL || feats == NULL) goto done;
     uint32_t *sk = (uint32_t *)PyBytes_AS_STRING(sketch);
     if (m <= 0) {
         memset(sk, 0xFF, k * 4);
@@ -1197,10 +1214,19 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
         minhash_any(x, m, a.buf, b.buf, k, family, sk);
     }
     if (m > 0 && sets) {
-        uint64_t *x = (uint64_t *)xs->data;
+        const uint64_t *x = (const uint64_t *)xs->data;
+        int shift = set_shift(sk, k, m, sample_at);
+        uint64_t mask = (((uint64_t)1 << shift) - 1) << 32;
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t i = 0; i < m; i++) kept += (x[i] & mask) == 0;
+        his = PyBytes_FromStringAndSize(NULL, 4 + kept * 4);
+        if (his == NULL) goto done;
         uint32_t *hi = (uint32_t *)PyBytes_AS_STRING(his);
-        hi[0] = 0;
-        for (Py_ssize_t i = 0; i < m; i++) hi[i + 1] = (uint32_t)(x[i] >> 32);
+        hi[0] = (uint32_t)shift, kept = 1;
+        for (Py_ssize_t i = 0; i < m; i++)
+            if ((x[i] & mask) == 0) hi[kept++] = (uint32_t)(x[i] >> 32);
+    } else if ((his = PyBytes_FromStringAndSize(NULL, 0)) == NULL) {
+        goto done;
     }
     uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(feats);
     features_k(sk, groups, k / groups, seed, keys);

@@ -130,20 +130,20 @@ class Sketcher:
     ) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
         """(sketch, keys, LD signature, shingles) of a page's tokens and canonical code
         points: `sketch(shingles(token_hashes))`; its k features then its band keys;
-        `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles)` (b"" if not
-        `sets`), in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl, before the
+        `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles, sketch)` (b""
+        if not `sets`), in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl, before the
         bands and sets)."""
         p = self.params
         if _native is None:
             x = self.shingles(token_hashes)
             sk = self.sketch(x)
             return (sk, self.keys(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n),
-                    shingle_tops(x) if self.sets else b"")
+                    shingle_tops(x, sk) if self.sets else b"")
         sk_b, keys_b, sig, tops = _native.sketch_page(
             np.ascontiguousarray(token_hashes, dtype=np.uint64), self._shingle_mult, self._a,
             self._b, self._family, p.groups, self._feature_seed,
             np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
-            *self.bands, self._band_seed, self.sets,
+            *self.bands, self._band_seed, self.sets, SAMPLE_SHINGLES,
         )
         return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(keys_b, dtype=np.uint64), \
             sig, _capped(tops)
@@ -249,32 +249,56 @@ def _chain(sketch: np.ndarray, groups: int, size: int, seed: int) -> np.ndarray:
     return h
 
 
-# A stored shingle set holds at most about this many values (256 KB): a page with more
-# distinct ones keeps Broder's MOD-m sample of its set, the values = 0 mod m for the smallest
-# power of two m that brings it under (httpbis's longest RFC draft has 34,258 shingles; 8 MiB
-# of text ~1.5M).
+# Past this many shingles a page stores Broder's MOD-m sample of its set (m = 2**s, the values
+# = 0 mod m), m the smallest power of two that brings the sketch's estimate of its distinct
+# shingles to this many or fewer: a Jaccard of samples of 4,096-8,192 values is off by
+# ~sqrt(J (1 - J) / 6,000), 0.005 at 0.8, where whole sets cost twice the bytes and time
+# (httpbis's drafts have ~13,500 shingles; its longest 34,258).
+SAMPLE_SHINGLES = 1 << 13
+# At most about this many values stored (256 KB): a page with more (its shingles repeated far
+# more than the estimate sees) keeps the MOD-m sample of its distinct ones (8 MiB of text:
+# ~1.5M shingles).
 MAX_SET_SHINGLES = 1 << 16
 
 
-def shingle_tops(shingles: np.ndarray) -> bytes:
-    """What a kept page stores for exact verification: a u32 sampling shift, then the top 32
-    bits of each shingle fingerprint (little-endian; b"" without shingles), in text order
-    (never sorted: `jaccard` compares two pages' as stored). Two distinct shingles of one
-    page share them with probability ~n**2 / 2**33, too rarely to move a Jaccard."""
+def shingle_tops(shingles: np.ndarray, sketch: np.ndarray | None = None) -> bytes:
+    """What a kept page stores for exact verification: a u32 sampling shift s, then the top
+    32 bits of each shingle fingerprint = 0 mod 2**s (little-endian; b"" without shingles),
+    in text order (never sorted: `jaccard` compares two pages' as stored). s from the
+    page's `sketch` past SAMPLE_SHINGLES shingles (the kernel's set_shift; no sketch: 0).
+    Two distinct shingles of one page share their top halves with probability
+    ~n**2 / 2**33, too rarely to move a Jaccard."""
     x = np.asarray(shingles, dtype=np.uint64)
-    return _capped(bytes(4) + (x >> _SHIFT32).astype("<u4").tobytes()) if x.shape[0] else b""
+    if not x.shape[0]:
+        return b""
+    tops = (x >> _SHIFT32).astype("<u4")
+    shift = 0 if sketch is None else _set_shift(sketch, x.shape[0])
+    if shift:
+        tops = tops[(tops & np.uint32((1 << shift) - 1)) == 0]
+    return _capped(np.uint32(shift).astype("<u4").tobytes() + tops.tobytes())
+
+
+def _set_shift(sketch: np.ndarray, m: int) -> int:
+    """The kernel's set_shift: the sample a page of m shingles with this sketch stores."""
+    if m <= SAMPLE_SHINGLES:
+        return 0
+    k, total = sketch.shape[0], int(sketch.astype(np.uint64).sum())
+    distinct = min(m, ((k - 1) << 32) // total) if k >= 2 and total else m
+    shift = 0
+    while shift < 31 and distinct >> shift > SAMPLE_SHINGLES:
+        shift += 1
+    return shift
 
 
 def _capped(tops: bytes) -> bytes:
-    """`tops` (shift 0, then the values), or past MAX_SET_SHINGLES values the MOD-m sample
-    of its distinct ones, ascending, with its shift."""
+    """`tops` (its shift, then the values), or past MAX_SET_SHINGLES values the MOD-m
+    sample of its distinct ones, ascending, with its shift."""
     if len(tops) <= 4 * (MAX_SET_SHINGLES + 1):
         return tops
+    shift = int.from_bytes(tops[:4], "little")
     distinct = _distinct(memoryview(tops)[4:])
-    shift = 0
-    while distinct.shape[0] >> shift > MAX_SET_SHINGLES:
+    while distinct.shape[0] > MAX_SET_SHINGLES:
         shift += 1
-    if shift:
         distinct = distinct[(distinct & np.uint32((1 << shift) - 1)) == 0]
     return np.uint32(shift).astype("<u4").tobytes() + distinct.astype("<u4").tobytes()
 

@@ -147,14 +147,15 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "index is made; the default suits up to ~2.5M pages held: take pages / 18,000 "
              "(pages / 30,000 with --bands 0; docs/scale-out.md)", "N"),
         Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
-             "their shingle sets ~10 KB a mean web page of Redis RAM; ~730 B with "
+             "their shingle sets ~5 KB of data a mean web page; ~730 B with "
              "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
              "index holds ~410 B a page (~260 with --bands 0) (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),
         Flag("memory_records", "memory index: where what only verification reads (sketch, "
-             "shingle set, LD signature: ~640 B + 4 a shingle, ~8.3 KB a mean web page) "
+             "shingle set, LD signature: ~640 B + 4 a shingle up to 8,192, ~5 KB a mean web "
+             "page) "
              "lives: disk (an unlinked temporary file; ~240 B a page of RAM) or ram (all of "
              "it in RAM)", choices=["disk", "ram"]),
         Flag("memory_records_dir", "memory index: the directory of that file (default: "

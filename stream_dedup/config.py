@@ -58,7 +58,8 @@ class Settings:
     band_size: int = 4
     # Verify by the exact Jaccard of the two pages' shingle sets, at verify_min_jaccard in
     # both tiers (the bars above then apply only to pages stored without one). A kept page
-    # stores its set with its verification record: 4 bytes a shingle (on disk by default).
+    # stores its set with its verification record: 4 bytes a shingle, past 8,192 shingles a
+    # MOD-m sample of 4,096-8,192 (on disk by default).
     verify_exact: bool = True
     verify_min_jaccard: float = 0.80
     ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
@@ -88,14 +89,14 @@ class Settings:
     # (6 features, 5 band keys, 2 fingerprints): keep that under ~250 (docs/scale-out.md)
     redis_buckets: int = 128
     # Redis: where kept pages' verification records go (read only to verify; with their
-    # shingle sets ~10 KB of Redis RAM a mean web page, ~730 bytes without): another
+    # shingle sets ~5 KB of data a mean web page, ~730 bytes without): another
     # Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
     redis_records_url: str = ""
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     # memory index: where what only verification reads (sketch, shingle set, LD signature:
-    # ~640 bytes + 4 a shingle, ~8.3 KB a mean web page) lives: "disk", an unlinked temporary
-    # file in memory_records_dir ("": $TMPDIR, else /var/tmp), leaving ~240 bytes a page of
-    # RAM; or "ram" (all of it in RAM)
+    # ~640 bytes + 4 a shingle up to 8,192, ~5 KB a mean web page) lives: "disk", an
+    # unlinked temporary file in memory_records_dir ("": $TMPDIR, else /var/tmp), leaving
+    # ~240 bytes a page of RAM; or "ram" (all of it in RAM)
     memory_records: str = "disk"
     memory_records_dir: str = ""
     retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)

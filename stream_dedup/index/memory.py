@@ -17,7 +17,7 @@ layers, where a match drops a page unverified, every hit is confirmed against th
 
 The document records are columns too (DocArena): a fixed row, the fingerprints and the URL
 in RAM (~130 bytes a page), and what only verification reads, the sketch, the shingle set
-and the LD signature (~640 bytes + 4 a shingle), in an unlinked temporary file by
+and the LD signature (~640 bytes + 4 a shingle up to 8,192), in an unlinked temporary file by
 default (read back with one pread per candidate verified, a few per page that has
 candidates; `memory_records = "ram"` keeps them in RAM instead).
 """
@@ -304,7 +304,7 @@ class _RecordFile:
             ) from exc
         if kind := in_ram(where):
             log.warning("the memory index's record file is in %s, a %s: it takes RAM there, "
-                        "not disk (~640 bytes + 4 a shingle a kept page: ~8 KB for a mean "
+                        "not disk (~640 bytes + 4 a shingle a kept page: ~5 KB for a mean "
                         "web page); give a directory on disk with --memory-records-dir", where,
                         kind)
         self._fd = self._file.fileno()

@@ -202,7 +202,7 @@ def test_many_instances_start_at_once(url: str) -> None:
 
 def test_records_with_shingle_sets_in_the_index_redis_are_warned_about(
         url: str, caplog: pytest.LogCaptureFixture) -> None:
-    """Exact verification's sets (~10 KB a mean page) in the index's own Redis RAM: said
+    """Exact verification's sets (~5 KB a mean page) in the index's own Redis RAM: said
     at start, with the two ways out; not with a records store or with --no-verify-exact."""
     for settings, warned in ((Settings(index="redis", redis_url=url), True),
                              (Settings(index="redis", redis_url=url, verify_exact=False), False),

@@ -155,9 +155,8 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "snapshot)", "DIR"),
         Flag("memory_records", "memory index: where what only verification reads (sketch, "
              "shingle set, LD signature: ~640 B + 4 a shingle up to 8,192, ~5 KB a mean web "
-             "page) "
-             "lives: disk (an unlinked temporary file; ~240 B a page of RAM) or ram (all of "
-             "it in RAM)", choices=["disk", "ram"]),
+             "page) lives: disk (an unlinked temporary file; ~240 B a page of RAM) or ram "
+             "(all of it in RAM)", choices=["disk", "ram"]),
         Flag("memory_records_dir", "memory index: the directory of that file (default: "
              "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
              "RAM)", "DIR"),
@@ -256,7 +255,7 @@ def _settle_gc() -> None:
     """For a long run: what exists at the start (modules, tables, an index) lives as long as
     the process, so the collector stops scanning it (gc.freeze: each full collection went
     over ~37,000 such objects, ~10 ms); and it runs after 50,000 net new container objects
-    instead of 700, past the ~15,000 a batch of 500 pages holds until it is decided (which
+    instead of 700, past the thousands a batch of 500 pages holds until it is decided (which
     it scanned several times a batch, each time to find them alive). Together: ~50 -> ~5 ms
     of collection a 6,000-page replay (bench/RESULTS.md)."""
     gc.freeze()

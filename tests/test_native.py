@@ -641,3 +641,17 @@ def test_set_overlap_counts_the_sets_and_their_intersection(
     got = _native.set_overlap(*bufs, mask)
     sa, sb = ({v for v in vs if v & mask == 0} for vs in (a, b))
     assert got == (len(sa), len(sb), len(sa & sb))
+
+
+@needs_native
+def test_set_overlap_refuses_sizes_it_cannot_hold() -> None:
+    """The table's size is checked before it is computed: past 2**28 values a page, a
+    ValueError (the mapping is never touched, so it costs no memory)."""
+    import mmap
+
+    huge = mmap.mmap(-1, 4 * ((1 << 28) + 1))
+    with pytest.raises(ValueError, match="2\\*\\*28"):
+        _native.set_overlap(huge, b"", 0)
+    with pytest.raises(ValueError, match="2\\*\\*28"):
+        _native.set_overlap(b"\x01\x00\x00\x00", huge, 0)
+    huge.close()

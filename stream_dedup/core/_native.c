@@ -1087,6 +1087,8 @@ static Py_ssize_t sort_distinct(uint32_t *v, Py_ssize_t n) {
  * for two pages of 2,558 shingles; sorting both and merging took 31). Values that crowd the
  * table (chosen to collide) stop it after 16 probes a value, and both are sorted instead
  * (O(n log n)). Returns 0, or -1 with no memory (a Python error set). */
+#define SET_MAX ((Py_ssize_t)1 << 28) /* values a page, at most (stored sets: ~2**16) */
+
 static int overlap_counts(const char *x, Py_ssize_t n, const char *y, Py_ssize_t m,
                           uint32_t mask, Py_ssize_t out[3]) {
     int bits = 4;
@@ -1145,7 +1147,11 @@ static PyObject *set_overlap(PyObject *self, PyObject *args) {
     unsigned int mask;
     Py_ssize_t out[3];
     if (!PyArg_ParseTuple(args, "y*y*I", &x, &y, &mask)) return NULL;
-    int failed = overlap_counts(x.buf, x.len / 4, y.buf, y.len / 4, mask, out);
+    int failed = -1;
+    if (x.len / 4 > SET_MAX || y.len / 4 > SET_MAX) /* 4 (n + m) slots: checked before */
+        PyErr_SetString(PyExc_ValueError, "set_overlap takes at most 2**28 values a page");
+    else
+        failed = overlap_counts(x.buf, x.len / 4, y.buf, y.len / 4, mask, out);
     PyBuffer_Release(&x);
     PyBuffer_Release(&y);
     return failed ? NULL : Py_BuildValue("nnn", out[0], out[1], out[2]);
@@ -1158,7 +1164,7 @@ static PyObject *set_overlap(PyObject *self, PyObject *args) {
 static int set_shift(const uint32_t *sk, Py_ssize_t k, Py_ssize_t m, Py_ssize_t sample_at) {
     if (m <= sample_at) return 0;
     uint64_t sum = 0, distinct = (uint64_t)m;
-    for (Py_ssize_t i = 0; i < k; i++) sum += sk[i]; /* k <= 2**24: no overflow */
+    for (Py_ssize_t i = 0; i < k; i++) sum += sk[i]; /* < k * 2**32: no overflow */
     if (k >= 2 && sum > 0 && ((uint64_t)(k - 1) << 32) / sum < distinct)
         distinct = ((uint64_t)(k - 1) << 32) / sum;
     int shift = 0;
@@ -1167,11 +1173,11 @@ static int set_shift(const uint32_t *sk, Py_ssize_t k, Py_ssize_t m, Py_ssize_t 
 }
 
 /* sketch_page(token_hashes, shingle_mult, a, b, family, groups, feature_seed, codepoints, ld_c,
- * ld_mult, bands, band_size, band_seed, sets, sample_at) -> (sketch uint32 bytes, keys uint64 bytes, LD
- * signature bytes, shingle set bytes): shingles, k*s min-hashes, the k features then `bands` LSH
- * band keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size - 1, from
- * band_seed), Coates' signature, and a u32 sampling shift s (set_shift's, past sample_at
- * shingles) then the top 32 bits of each shingle = 0 mod 2**s, in text order (what exact
+ * ld_mult, bands, band_size, band_seed, sets, sample_at) -> (sketch uint32 bytes, keys uint64
+ * bytes, LD signature bytes, shingle set bytes): shingles, k*s min-hashes, the k features then
+ * `bands` LSH band keys (band j: the same chain over min-hashes j*band_size .. (j+1)*band_size
+ * - 1, from band_seed), Coates' signature, and a u32 sampling shift s (set_shift's, past
+ * sample_at shingles) then the top 32 bits of each shingle = 0 mod 2**s, in text order (what exact
  * verification compares, by set_overlap; empty without shingles, or with `sets` 0), of one
  * page, with no Python in between. */
 static PyObject *sketch_page(PyObject *self, PyObject *args) {
@@ -1194,7 +1200,8 @@ static PyObject *sketch_page(PyObject *self, PyObject *args) {
      * within the sketch (each factor <= k first: no overflow) */
     if (b.len != a.len || family < 0 || family > 2 || groups < 1 || groups > k ||
         k % groups != 0 || w < 1 || c == 0 || lm.len < 8 || bands < 0 || band_size < 1 ||
-        (bands > 0 && (bands > k || band_size > k || bands * band_size > k)) || sample_at < 1) {
+        (bands > 0 && (bands > k || band_size > k || bands * band_size > k)) ||
+        sample_at < 1) {
         PyErr_SetString(PyExc_ValueError, "inconsistent sketch or signature parameters");
         goto done;
     }

@@ -131,8 +131,8 @@ class Sketcher:
         """(sketch, keys, LD signature, shingles) of a page's tokens and canonical code
         points: `sketch(shingles(token_hashes))`; its k features then its band keys;
         `ldsig.signature(codepoints, ld_c, ld_n)`; and `shingle_tops(shingles, sketch)` (b""
-        if not `sets`), in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl, before the
-        bands and sets)."""
+        if not `sets`), in one kernel call (30.9 → 27.7 µs a page on the synthetic crawl,
+        before the bands and sets)."""
         p = self.params
         if _native is None:
             x = self.shingles(token_hashes)

@@ -23,7 +23,6 @@ pages count (a dropped page is not indexed: no drift by chaining).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from time import perf_counter
@@ -34,7 +33,7 @@ from .config import Settings
 from .core import ldsig
 from .core.sketch import jaccard, resemblance
 from .errors import PageError
-from .index.base import Answer, StoredDoc, rank_candidates
+from .index.base import Answer, StoredDoc, near_candidates, weak_candidates
 from .models import (
     CANONICAL,
     EXACT,
@@ -169,13 +168,9 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
         postings = [stored if (mine := overlay.postings.get(key)) is None
                     else (stored + mine)[-s.max_posting:]
                     for key, stored in zip(keys, postings, strict=True)]
-    handles = [h for stored in postings[: s.groups] for h in stored]  # in the features' lists
-    banded = [h for stored in postings[s.groups :] for h in stored]  # ... in the band keys'
-    found = rank_candidates(handles, s.threshold)
-    if not found and s.verify_single_feature and (handles or banded):
-        # Most keys shared first (features and bands); a drop reports the features shared.
-        shared = Counter(handles)
-        weak = [(h, shared[h]) for h, _ in rank_candidates(handles + banded, 1)]
+    found = near_candidates(postings, s.groups, s.threshold)
+    weak = weak_candidates(postings, s.groups) if not found and s.verify_single_feature else []
+    if weak:  # a drop reports the features shared
         started = perf_counter()
         confirmed, _ = _verify(a, weak, docs, overlay, s, NEAR_VERIFIED,
                                s.near_verified_min_resemblance)

@@ -164,6 +164,27 @@ def _most_shared_first(hit: tuple[int, int]) -> tuple[int, int]:
     return -hit[1], hit[0]
 
 
+# The two rankings the decide step verifies, from a page's posting lists (its `groups`
+# features' first, then its band keys'), as (handle, features shared): one definition for
+# decide.py and for a shared index choosing which records to fetch (RedisIndex._wanted).
+
+def near_candidates(postings: Sequence[Sequence[int]], groups: int, threshold: int
+                    ) -> list[tuple[int, int]]:
+    """Pages sharing >= threshold features (`near`)."""
+    return rank_candidates([h for ids in postings[:groups] for h in ids], threshold)
+
+
+def weak_candidates(postings: Sequence[Sequence[int]], groups: int) -> list[tuple[int, int]]:
+    """Every page sharing a feature or a band key, most keys shared first
+    (`near-verified`)."""
+    features = [h for ids in postings[:groups] for h in ids]
+    every = features + [h for ids in postings[groups:] for h in ids]
+    if not every:
+        return []
+    shared = Counter(features)
+    return [(h, shared[h]) for h, _ in rank_candidates(every, 1)]
+
+
 class LocalIndex:
     """What the in-process backends (memory, LSM) share: one process asks, so no claim is
     ever lost; handles are rows, in order of keeping."""

@@ -40,7 +40,16 @@ from redis.exceptions import (
 
 from ..errors import IndexMismatchError, IndexUnavailable
 from ..models import position_id
-from .base import WAIT, Answer, Claim, Plan, Probe, StoredDoc, rank_candidates
+from .base import (
+    WAIT,
+    Answer,
+    Claim,
+    Plan,
+    Probe,
+    StoredDoc,
+    near_candidates,
+    weak_candidates,
+)
 from .redis_client import ANY, Observe, ScriptClient, connect, memory, shard_of
 from .redis_layout import (
     BUCKETS,
@@ -526,10 +535,9 @@ class RedisIndex(ScriptClient):
         candidates of either tier, as decide.py ranks them (the batch's own pages never push
         these out): by shared features, or by shared keys (features and band keys)."""
         out = [h for h in (answer.raw, answer.canonical) if h is not None]
-        features = [h for ids in answer.postings[: self.groups] for h in ids]
-        out += [h for h, _ in rank_candidates(features, self.threshold)][: self.max_candidates]
-        every = features + [h for ids in answer.postings[self.groups :] for h in ids]
-        out += [h for h, _ in rank_candidates(every, 1)][: self.max_candidates]
+        for ranked in (near_candidates(answer.postings, self.groups, self.threshold),
+                       weak_candidates(answer.postings, self.groups)):
+            out += [h for h, _ in ranked[: self.max_candidates]]
         return out
 
     def ping(self) -> bool:

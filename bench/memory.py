@@ -14,9 +14,9 @@ The records are built the way the engine builds them (measured on the WARC repla
 `StoredDoc` from decide._keep): `features` (6 features + 5 band keys) and `sketch` are
 numpy views on `bytes` objects (what the native kernels return: 88 and 336 bytes), the
 shingle set for exact verification (--shingle-bytes, 4 a shingle: the long WARC pages' mean
-is 1,911 shingles, 7,644 B; random values), a 300-byte LD signature (the WARC
-pages' mean is 316 B for a 9,400-character text at c = 32; 115 equally likely byte values,
-the entropy of theirs), a 60-character URL (WARC mean 61), a 20-character `fetched_at`,
+is 4,416 B with sets sampled past 8,192 shingles, 7,644 B whole; random values), a 300-byte
+LD signature (the WARC pages' mean is 316 B for a 9,400-character text at c = 32; 115 equally
+likely byte values, the entropy of theirs), a 60-character URL (WARC mean 61), a 20-character `fetched_at`,
 64-bit raw and canonical fingerprints (Python ints), text_length 9,400, the page id.
 
 Measured in the child: VmRSS after minus before (gc'd both times; the index is not flushed,
@@ -69,7 +69,7 @@ from stream_dedup.index.memory import DocArena  # noqa: E402
 CHUNK = 10_000
 RING = 65_536
 KEYS = 11  # 6 features + 5 band keys (Settings' defaults)
-SHINGLE_BYTES = 7_644  # 1,911 shingles: the long WARC pages' mean
+SHINGLE_BYTES = 4_416  # the long WARC pages' mean set (sampled past 8,192 shingles)
 SIG_BYTES = 300
 TEXT_LENGTH = 9_400
 # LD signature symbols: the WARC replay's signatures carry 6.84 bits of entropy per byte

@@ -147,7 +147,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "index is made; the default suits up to ~2.5M pages held: take pages / 18,000 "
              "(pages / 30,000 with --bands 0; docs/scale-out.md)", "N"),
         Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
-             "their shingle sets ~5 KB of data a mean web page; ~730 B with "
+             "their shingle sets ~5.2 KB of Redis RAM a mean web page; ~730 B with "
              "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
              "index holds ~410 B a page (~260 with --bands 0) (default: in the index's Redis)",
              "URL"),

@@ -89,7 +89,7 @@ class Settings:
     # (6 features, 5 band keys, 2 fingerprints): keep that under ~250 (docs/scale-out.md)
     redis_buckets: int = 128
     # Redis: where kept pages' verification records go (read only to verify; with their
-    # shingle sets ~5 KB of data a mean web page, ~730 bytes without): another
+    # shingle sets ~5.2 KB of Redis RAM a mean web page, ~730 bytes without): another
     # Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
     redis_records_url: str = ""
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)

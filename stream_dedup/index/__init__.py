@@ -66,7 +66,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         if s.verify_exact and not s.redis_records_url:
             log.warning("the verification records go to the index's Redis, each with its page's "
-                        "shingle set for exact verification (4 B a shingle up to 8,192: ~5 KB "
+                        "shingle set for exact verification (4 B a shingle up to 8,192: ~5.2 KB "
                         "a mean web page, bench/RESULTS.md): give them a store on disk "
                         "(--redis-records-url, e.g. Kvrocks), or verify by the sketch "
                         "(--no-verify-exact: ~1.1 KB a page)")

@@ -88,6 +88,8 @@ class Analyzer:
         """Fingerprints and canonical tokens; tokens is None when the page is rejected."""
         started = perf_counter()
         raw_fp = raw_fingerprint(page.body)
+        if page.revisit is not None:  # no payload: decided by the version it refers to
+            return Analysis(page, raw_fp), None
         limit = self.settings.max_page_bytes
         if len(page.body) > limit:
             err = PageError("too-large", f"{len(page.body)} bytes > max_page_bytes={limit}")

@@ -64,6 +64,10 @@ class Settings:
     verify_min_jaccard: float = 0.80
     ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
     ld_n: int = _PARAMS.ld_n  # ... over windows of n (4) characters (stamped)
+    # --- recrawls: which URLs are the same (core/urls.py) ---
+    # Query parameters that do not name another page, removed before URLs are compared:
+    # names or fnmatch patterns, comma-separated (e.g. "utm_*,sessionid,jsessionid")
+    url_ignore_params: str = ""
     # --- the Kafka service (`serve`) ---
     bootstrap_servers: str = "127.0.0.1:9092"
     input_topic: str = "pages"

@@ -10,6 +10,17 @@
                    passes ─> drop "near" (verified)      fails ─> keep "verified-distinct"
                 not sampled ─> drop "near" (unverified)
 
+A page whose URL has a kept version (the index's answer, or a page of this batch) is a
+recrawl, compared with that version first:
+
+    same bytes, same canonical text, or near by the verification above ──> drop "unchanged"
+        (`previous`: that version; no `duplicate_of`)
+    otherwise a new version: the checks above, against every page but that version;
+        a drop names the other URL's page (and `previous`); a keep is "changed" and
+        replaces the version (Verdict.replaces) in the index
+    a WARC revisit record: "unchanged" against the version of the URL it refers to, else
+        rejected ("revisit-unknown")
+
 Verification: the exact Jaccard of the shingle sets (verify_exact, when both pages have
 one) at verify_min_jaccard, else the sketch's estimate at the tier's bar; and Coates'
 estimated LD ratio.
@@ -23,8 +34,10 @@ pages count (a dropped page is not indexed: no drift by chaining).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from time import perf_counter
 
 import numpy as np
@@ -36,14 +49,17 @@ from .errors import PageError
 from .index.base import Answer, StoredDoc, near_candidates, weak_candidates
 from .models import (
     CANONICAL,
+    CHANGED,
     EXACT,
     NEAR,
     NEAR_VERIFIED,
+    UNCHANGED,
     UNIQUE,
     VERIFIED_DISTINCT,
     Decision,
     DuplicateOf,
     Page,
+    Previous,
 )
 
 _U64_SPAN = float(1 << 64)
@@ -87,6 +103,10 @@ class Verdict:
     doc: StoredDoc | None = None  # a kept page's record
     depends_on: int | None = None  # a drop of a page kept earlier in this batch: its index
     verify_s: float = 0.0
+    # A kept new version of a URL: the stored version it replaces (a handle), or the index
+    # of the page of this batch that was the URL's version
+    replaces: int | None = None
+    replaces_in_batch: int | None = None
 
 
 class Overlay:
@@ -98,11 +118,17 @@ class Overlay:
         self.raw: dict[int, int] = {}
         self.canonical: dict[int, int] = {}
         self.postings: dict[int, list[int]] = {}
+        self.urls: dict[int, int] = {}  # url key -> the handle of its newest version
+        self.retired: set[int] = set()  # versions replaced in this batch (any handle)
 
-    def add(self, doc: StoredDoc, batch_index: int) -> None:
+    def add(self, doc: StoredDoc, batch_index: int, replaces: int | None) -> None:
         handle = OVERLAY + len(self.docs)
         self.docs.append(doc)
         self.batch_index.append(batch_index)
+        if replaces is not None:
+            self.retired.add(replaces)
+        if doc.url_key:
+            self.urls[doc.url_key] = handle
         self.raw.setdefault(doc.raw_fp, handle)
         if doc.text_length > 0:
             self.canonical.setdefault(doc.canonical_fp, handle)
@@ -126,38 +152,133 @@ class _Docs:
 
 def decide_batch(
     analyses: Sequence[Analysis], page_ids: Sequence[int], answers: Sequence[Answer],
-    settings: Settings, *, keep_ids: bool = True,
+    settings: Settings, *, keep_ids: bool = True, url_keys: Sequence[int] | None = None,
 ) -> list[Verdict]:
     """Verdicts for analysed pages (no errors) in input order; `answers[i]` is the index's
-    answer for `analyses[i]`, whose id is `page_ids[i]`. `keep_ids` False: kept pages get
+    answer for `analyses[i]`, whose id is `page_ids[i]` and whose URL's key (core/urls.py)
+    is `url_keys[i]` (None, or a key 0: no URL versions). `keep_ids` False: kept pages get
     no page_id in their decision (a question, not a decision)."""
     overlay = Overlay()
     out = []
     last = len(analyses) - 1  # no page after it to see it (one page: `check`)
-    for i, (a, pid, answer) in enumerate(zip(analyses, page_ids, answers, strict=True)):
-        v = _decide(a, pid, answer, overlay, settings, keep_ids)
+    keys = url_keys if url_keys is not None else [0] * len(analyses)
+    for i, (a, pid, answer, key) in enumerate(zip(analyses, page_ids, answers, keys,
+                                                  strict=True)):
+        v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
         if v.doc is not None and i < last:
-            overlay.add(v.doc, i)
+            replaced = v.replaces
+            if v.replaces_in_batch is not None:
+                replaced = OVERLAY + overlay.batch_index.index(v.replaces_in_batch)
+            overlay.add(v.doc, i, replaced)
         out.append(v)
     return out
 
 
-def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings,
+def _version(key: int, answer: Answer, overlay: Overlay) -> int | None:
+    """The handle of the kept version of the page's URL: the batch's newest, else the
+    index's (unless a page of this batch replaced it)."""
+    if not key:
+        return None
+    version = overlay.urls.get(key)
+    if version is None and answer.version is not None \
+            and answer.version not in overlay.retired:
+        version = answer.version
+    return version
+
+
+def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s: Settings,
             keep_ids: bool) -> Verdict:
     docs = _Docs(answer, overlay)
-    first = answer.raw if answer.raw is not None else overlay.raw.get(a.raw_fp)
-    if first is not None:
+    version = _version(key, answer, overlay)
+    if a.page.revisit is not None:
+        return _revisit(a, version, docs, overlay)
+    if version is None:
+        return _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, None)
+    prev = docs[version]
+    same = _same_version(a, version, prev, docs, overlay, s)
+    if same is not None:
+        return same
+    v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version)
+    if v.decision is not None and v.decision.decision == "drop":  # a copy of another URL
+        v.decision = replace(v.decision, previous=_previous(prev))
+    return v
+
+
+def _previous(prev: StoredDoc, match: str | None = None) -> Previous:
+    return Previous(prev.page_id, prev.url, prev.fetched_at, match)
+
+
+def _same_version(a: Analysis, version: int, prev: StoredDoc, docs: _Docs, overlay: Overlay,
+                  s: Settings) -> Verdict | None:
+    """`unchanged` when the page is its URL's kept version again: the same bytes, the same
+    canonical text, or a near-duplicate of it by the verification any near-duplicate gets;
+    None: a new version (or Verdict(None): only fingerprinted, analyse it first)."""
+    if a.raw_fp == prev.raw_fp:
+        return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, EXACT)
+    if a.canonical_fp is None:
+        return Verdict(None)
+    if a.text_length > 0 and prev.text_length > 0 and a.canonical_fp == prev.canonical_fp:
+        return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, CANONICAL)
+    if a.shingle_count < s.min_shingles or a.sketch is None or prev.sketch.shape[0] == 0:
+        return None
+    started = perf_counter()
+    confirmed, _ = _verify(a, [(version, 0)], docs, overlay, s, UNCHANGED)
+    if confirmed is None:
+        return None
+    confirmed.verify_s = perf_counter() - started
+    return _unchanged(a, confirmed, prev, NEAR)
+
+
+def _unchanged(a: Analysis, v: Verdict, prev: StoredDoc, match: str) -> Verdict:
+    assert v.decision is not None
+    page = a.page
+    digest = page.payload_digest
+    if digest is None and page.body and a.body_bytes is None:
+        digest = warc_digest(page.body)
+    v.decision = replace(v.decision, duplicate_of=None, previous=_previous(prev, match),
+                         payload_digest=digest)
+    return v
+
+
+def warc_digest(payload: bytes) -> str:
+    """A payload's digest as WARC writes it (WARC-Payload-Digest): sha1, base32."""
+    return "sha1:" + base64.b32encode(hashlib.sha1(payload).digest()).decode("ascii")
+
+
+def _revisit(a: Analysis, version: int | None, docs: _Docs, overlay: Overlay) -> Verdict:
+    page = a.page
+    assert page.revisit is not None
+    if version is None:
+        uri = page.revisit.refers_to_uri or page.url
+        return Verdict(Decision(
+            page.url, "reject", "revisit-unknown", source=page.source,
+            fetched_at=page.fetched_at,
+            error=f"a revisit record ({page.revisit.profile.rsplit('/', 1)[-1]}) refers to "
+                  f"{uri}, of which the index holds no version"))
+    return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), docs[version],
+                      "revisit")
+
+
+def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
+                 overlay: Overlay, s: Settings, keep_ids: bool, version: int | None
+                 ) -> Verdict:
+    """The checks against other pages (`version`, the URL's kept version, is not one)."""
+    kept = UNIQUE if version is None else CHANGED
+    first = answer.raw
+    if first is None or first in overlay.retired:
+        first = overlay.raw.get(a.raw_fp)
+    if first is not None and first not in overlay.retired:
         return _drop(a, EXACT, first, docs, overlay)
     if a.canonical_fp is None:
         return Verdict(None)  # fingerprinted only, and its stored copy is gone
     if a.text_length > 0:  # pages without visible text are not "the same text"
         first = answer.canonical
-        if first is None:
+        if first is None or first in overlay.retired:
             first = overlay.canonical.get(a.canonical_fp)
-        if first is not None:
+        if first is not None and first not in overlay.retired:
             return _drop(a, CANONICAL, first, docs, overlay)
     if a.shingle_count < s.min_shingles:
-        return _keep(a, pid, UNIQUE, keep_ids, short=True)
+        return _keep(a, pid, key, kept, keep_ids, docs, version, short=True)
     if a.sketch is None or a.features is None:
         raise ValueError("decide_batch needs a sketched Analysis for a long page")
     keys, postings = a.features.tolist(), answer.postings
@@ -170,6 +291,10 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
                     for key, stored in zip(keys, postings, strict=True)]
     found = near_candidates(postings, s.groups, s.threshold)
     weak = weak_candidates(postings, s.groups) if not found and s.verify_single_feature else []
+    if version is not None or overlay.retired:  # neither the URL's version nor a replaced one
+        gone = overlay.retired | {version}
+        found = [c for c in found if c[0] not in gone]
+        weak = [c for c in weak if c[0] not in gone]
     if weak:  # a drop reports the features shared
         started = perf_counter()
         confirmed, _ = _verify(a, weak, docs, overlay, s, NEAR_VERIFIED,
@@ -177,19 +302,20 @@ def _decide(a: Analysis, pid: int, answer: Answer, overlay: Overlay, s: Settings
         if confirmed is not None:
             confirmed.verify_s = perf_counter() - started
             return confirmed
-        kept = _keep(a, pid, UNIQUE, keep_ids)
-        kept.verify_s = perf_counter() - started
-        return kept
+        v = _keep(a, pid, key, kept, keep_ids, docs, version)
+        v.verify_s = perf_counter() - started
+        return v
     if not found:
-        return _keep(a, pid, UNIQUE, keep_ids)
+        return _keep(a, pid, key, kept, keep_ids, docs, version)
     if not sampled(a.canonical_fp, s.verify_rate):
         best, shared = found[0]
         return _drop(a, NEAR, best, docs, overlay, shared=shared)
     started = perf_counter()
     confirmed, (res, ld, j) = _verify(a, found, docs, overlay, s)
     if confirmed is None:
-        confirmed = _keep(a, pid, VERIFIED_DISTINCT, keep_ids, shared=found[0][1],
-                          resemblance=res, ld=ld, jaccard=j)
+        confirmed = _keep(a, pid, key, VERIFIED_DISTINCT if version is None else CHANGED,
+                          keep_ids, docs, version, shared=found[0][1], resemblance=res, ld=ld,
+                          jaccard=j)
     confirmed.verify_s = perf_counter() - started
     return confirmed
 
@@ -239,23 +365,31 @@ def _verify(
 
 
 def _keep(
-    a: Analysis, pid: int, reason: str, keep_ids: bool, *, short: bool = False, shared: int = 0,
+    a: Analysis, pid: int, key: int, reason: str, keep_ids: bool, docs: _Docs,
+    version: int | None, *, short: bool = False, shared: int = 0,
     resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
 ) -> Verdict:
     assert a.canonical_fp is not None
     page_id = pid if keep_ids else None
+    page = a.page
     doc = StoredDoc(
-        a.page.url,
+        page.url,
         a.features if a.features is not None else _NO_FEATURES,
         a.sketch if a.sketch is not None else _NO_SKETCH,
-        a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, a.page.fetched_at,
-        pid, a.shingles,
+        a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, page.fetched_at,
+        pid, a.shingles, key,
     )
-    return Verdict(Decision(
-        a.page.url, "keep", reason, page_id=page_id, shared_features=shared,
+    previous = None if version is None else _previous(docs[version])
+    v = Verdict(Decision(
+        page.url, "keep", reason, page_id=page_id, shared_features=shared,
         resemblance=resemblance, ld_estimate=ld, jaccard=jaccard, short=short,
-        source=a.page.source,
+        source=page.source, fetched_at=page.fetched_at, previous=previous,
     ), doc)
+    if version is not None and version >= OVERLAY:
+        v.replaces_in_batch = docs.overlay.batch_index[version - OVERLAY]
+    else:
+        v.replaces = version
+    return v
 
 
 def _drop(
@@ -268,5 +402,5 @@ def _drop(
     return Verdict(Decision(
         a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
         shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
-        verified=verified, source=a.page.source,
+        verified=verified, source=a.page.source, fetched_at=a.page.fetched_at,
     ), depends_on=depends_on)

@@ -19,6 +19,21 @@ CANONICAL = "canonical"
 NEAR = "near"
 NEAR_VERIFIED = "near-verified"  # shared fewer than r features, but verification says near
 VERIFIED_DISTINCT = "verified-distinct"
+# Recrawls (a page whose URL has a kept version): the same content as that version, or a
+# new version of the URL that replaces it in the index.
+UNCHANGED = "unchanged"
+CHANGED = "changed"
+
+
+@dataclass(frozen=True, slots=True)
+class Revisit:
+    """A WARC revisit record's claim: the payload is the one captured at `refers_to_uri`
+    (`refers_to_date`); `profile` is the WARC-Profile (identical-payload-digest or
+    server-not-modified)."""
+
+    profile: str
+    refers_to_uri: str | None = None
+    refers_to_date: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +50,10 @@ class Page:
     # Its input position as one sortable int (`position_id`): its page id, the same in
     # every instance and on every re-delivery. None: the deduplicator numbers it.
     position: int | None = None
+    # The crawler's digest of the payload in WARC's form ("sha1:" + base32), when it gave one
+    payload_digest: str | None = None
+    # A WARC revisit record: no body, decided against the version it refers to.
+    revisit: Revisit | None = None
 
     def header(self, name: str) -> str | None:
         lname = name.lower()
@@ -70,6 +89,17 @@ class DuplicateOf:
 
 
 @dataclass(frozen=True, slots=True)
+class Previous:
+    """The version of the page's URL the index held when the page was decided. `match`:
+    how an `unchanged` page matched it (exact, canonical, near, revisit); None otherwise."""
+
+    page_id: int
+    url: str
+    fetched_at: str | None = None
+    match: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     url: str | None
     decision: DecisionKind
@@ -86,6 +116,10 @@ class Decision:
     short: bool = False
     error: str | None = None
     source: str | None = None
+    fetched_at: str | None = None  # the page's own crawl time, when known
+    previous: Previous | None = None  # its URL's kept version (recrawls)
+    # `unchanged` only: the payload's digest in WARC's form, for a revisit record
+    payload_digest: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +140,11 @@ class Decision:
             "short": self.short,
             "error": self.error,
             "source": self.source,
+            "fetched_at": self.fetched_at,
+            "previous": None if self.previous is None else {
+                "page_id": self.previous.page_id, "url": self.previous.url,
+                "fetched_at": self.previous.fetched_at, "match": self.previous.match},
+            "payload_digest": self.payload_digest,
         }
 
     def to_json(self) -> str:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Protocol
 
 from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
 from .config import Settings
+from .core.urls import UrlKeys
 from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
@@ -84,10 +85,10 @@ def verify_outcome(d: Decision) -> str | None:
     return "overturned" if d.reason == VERIFIED_DISTINCT else None
 
 
-def _probe(a: Analysis, page_id: int) -> Probe:
+def _probe(a: Analysis, page_id: int, url_key: int) -> Probe:
     """What a page asks the index: exact layers only unless it has features."""
     canonical = a.canonical_fp if a.text_length > 0 else None
-    return Probe(page_id, a.raw_fp, canonical, a.features)
+    return Probe(page_id, a.raw_fp, canonical, a.features, url_key)
 
 
 @dataclass
@@ -125,6 +126,7 @@ class Deduplicator:
         self.index: FeatureIndex = index if index is not None else index_for(
             s, getattr(self.observer, "redis_call", None))
         self.counters = Counters()
+        self.urls = UrlKeys(s.url_ignore_params)
         # Serializes everything that reads or changes the index, counters and _recent.
         self.lock = threading.RLock()
         # Decisions by (input position, raw fingerprint): a page delivered again (Kafka
@@ -152,8 +154,10 @@ class Deduplicator:
             if a.error is not None:
                 return Decision(page.url, "reject", a.error.kind, error=a.error.message,
                                 source=page.source)
-            answers = self.index.lookup([_probe(a, 0)], register=False)
-            verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False)[0]
+            key = self.url_key(page)
+            answers = self.index.lookup([_probe(a, 0, key)], register=False)
+            verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False,
+                                   url_keys=[key])[0]
             assert verdict.decision is not None, "a fully analysed page is always decided"
             return verdict.decision
 
@@ -292,10 +296,11 @@ class Deduplicator:
                                   source=page.source)
                 times[i] = StageTimes(canonical_s=a.canonical_s)
         todo = [k for k, a in enumerate(analyses) if a.error is None]
+        keys = [self.url_key(a.page) if a.error is None else 0 for a in analyses]
         contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
         while todo:
             started = perf_counter()
-            answers = self.index.lookup([_probe(analyses[k], ids[k]) for k in todo])
+            answers = self.index.lookup([_probe(analyses[k], ids[k], keys[k]) for k in todo])
             live = []
             later = []
             for k, answer in zip(todo, answers, strict=True):
@@ -311,10 +316,12 @@ class Deduplicator:
                     live.append((k, answer))
             asked = perf_counter()
             verdicts = decide_batch([analyses[k] for k, _ in live], [ids[k] for k, _ in live],
-                                    [ans for _, ans in live], self.settings)
+                                    [ans for _, ans in live], self.settings,
+                                    url_keys=[keys[k] for k, _ in live])
             decided = perf_counter()
             won = self.index.claim([
-                Claim(_probe(analyses[k], ids[k]), v.doc, v.decision, v.depends_on)
+                Claim(_probe(analyses[k], ids[k], keys[k]), v.doc, v.decision, v.depends_on,
+                      v.replaces, v.replaces_in_batch)
                 for (k, _), v in zip(live, verdicts, strict=True)])
             index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
             if not all(won):
@@ -336,6 +343,13 @@ class Deduplicator:
                 a = analyses[k]
                 out[pages[k][0]] = v.decision
                 times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
+
+    def url_key(self, page: Page) -> int:
+        """The key of the page's URL (for a revisit record, of the URL it refers to)."""
+        url = page.url
+        if page.revisit is not None and page.revisit.refers_to_uri:
+            url = page.revisit.refers_to_uri
+        return self.urls.key(url)
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         """Make the pages kept so far durable, atomically with the input offsets they

@@ -32,7 +32,8 @@ def _same(got: StoredDoc, want: StoredDoc) -> bool:
     return (got.url == want.url and np.array_equal(got.sketch, want.sketch)
             and got.ld_signature == want.ld_signature and got.text_length == want.text_length
             and got.raw_fp == want.raw_fp and got.canonical_fp == want.canonical_fp
-            and got.page_id == want.page_id and got.shingles == want.shingles)
+            and got.page_id == want.page_id and got.shingles == want.shingles
+            and got.fetched_at == want.fetched_at)
 
 
 @pytest.mark.parametrize("on_disk, write_behind", [(False, 0), (True, 0), (True, 3000),
@@ -60,7 +61,7 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
     with pytest.raises(IndexError):
         arena[100]
     verification = sum(4 * d.sketch.shape[0] + 4 + len(d.shingles) + len(d.ld_signature)
-                       for d in docs)
+                       + 1 + len(d.fetched_at or "") for d in docs)
     in_ram = arena.nbytes["records (sketch, shingles, LD)"]
     on_disk_bytes = arena.nbytes["on_disk"]
     assert (in_ram, on_disk_bytes) == ((0, verification) if on_disk else (verification, 0))

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core.urls import UrlKeys
 from .base import CANONICAL, RAW, FeatureIndex, StoredDoc
 from .memory import MemoryIndex
 
@@ -49,6 +50,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
         raise ConfigError(f"--redis-records-url is where the Redis index keeps its "
                           f"verification records; it does not apply to {s.index}")
     records_dir = s.memory_records_dir if s.memory_records == "disk" else None
+    url_key = UrlKeys(s.url_ignore_params).key
     if s.warm_from:
         if s.index != "memory":
             raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
@@ -56,11 +58,11 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)
         try:
-            return MemoryIndex.warm_from(snapshot, records_dir)
+            return MemoryIndex.warm_from(snapshot, records_dir, url_key)
         finally:
             snapshot.close()
     if s.index == "memory":
-        return MemoryIndex(s.params.stamp, s.max_posting, records_dir)
+        return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key)
     if s.index == "redis":
         from .redis import RedisIndex
 

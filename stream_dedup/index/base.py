@@ -48,6 +48,7 @@ class StoredDoc:
     fetched_at: str | None = None
     page_id: int = 0  # public: the input position, or a local number (see local_ids)
     shingles: bytes = b""  # its shingles' top 32 bits (exact verification); b"": none
+    url_key: int = 0  # its URL's key (core/urls.py): a URL has one version held
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class Probe:
     raw_fp: int
     canonical_fp: int | None  # None: no visible text (no canonical layer)
     features: np.ndarray | None  # None: a short page, or one not analysed (exact layers only)
+    url_key: int = 0  # the key of its URL (of the URL a revisit record refers to)
 
 
 class Docs(Protocol):
@@ -72,6 +74,7 @@ class Answer:
     canonical: int | None  # ... with this canonical fingerprint
     postings: list[list[int]]  # per feature: handles of its most recent `cap` pages
     docs: Docs  # records by handle: at least the exact hits and the best candidates
+    version: int | None = None  # handle of the kept version of the probe's URL (in docs)
     # A shared store's Decision (url and source None) for a page it has already decided,
     # or WAIT: an older page it collides with is being decided elsewhere; ask again.
     prior: Any = None
@@ -88,6 +91,10 @@ class Claim:
     doc: StoredDoc | None  # a kept page's record; None for a drop
     decision: Any = None  # the Decision (a shared store records it, for re-deliveries)
     depends_on: int | None = None  # a drop of a page kept earlier in this batch: its index
+    # A kept new version of a URL: the version it replaces, a stored handle...
+    replaces: int | None = None
+    # ... or the index of a claim of this batch (the URL's version kept earlier in it)
+    replaces_claim: int | None = None
 
 
 # A batch's composition: ("topic/partition", first offset, end offset) in decide order.
@@ -104,13 +111,16 @@ class FeatureIndex(Protocol):
         ...
 
     def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
-        """One Answer per probe, from the stored pages only (a batch's own pages are the
+        """One Answer per probe, from the stored pages only; `version`: the kept page with
+        the probe's url_key, whose record is in `docs` (a batch's own pages are the
         decide step's overlay). `register=False`: a read-only question (/v1/check)."""
         ...
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
         """Store the kept pages (in order) and, for a shared store, every decision; per
-        claim, False if it was lost to a concurrent instance (decide that page again)."""
+        claim, False if it was lost to a concurrent instance (decide that page again). A
+        kept page with `replaces` (or `replaces_claim`) removes that version of its URL:
+        its keys, fingerprints and record; a URL holds one version."""
         ...
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:
@@ -207,6 +217,14 @@ class LocalIndex:
         """Records by row."""
         raise NotImplementedError
 
+    def version_of(self, url_key: int) -> int | None:
+        """The row of the kept version of the URL with this key."""
+        raise NotImplementedError
+
+    def retire(self, row: int) -> None:
+        """Remove a version a newer one of its URL replaced (keys, fingerprints, record)."""
+        raise NotImplementedError
+
     def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
         out = []
         for p in probes:
@@ -215,13 +233,19 @@ class LocalIndex:
             if raw is None and p.canonical_fp is not None:
                 canonical = self.first_with(CANONICAL, p.canonical_fp)
             postings = [] if p.features is None else self.postings(p.features)
-            out.append(Answer(raw, canonical, postings, self.records()))
+            version = self.version_of(p.url_key) if p.url_key else None
+            out.append(Answer(raw, canonical, postings, self.records(), version))
         return out
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
-        for c in claims:
+        rows: dict[int, int] = {}
+        for i, c in enumerate(claims):
             if c.doc is not None:
-                self.insert(c.doc)
+                rows[i] = self.insert(c.doc)
+                replaced = rows[c.replaces_claim] if c.replaces_claim is not None \
+                    else c.replaces
+                if replaced is not None:
+                    self.retire(replaced)
         return [True] * len(claims)
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:

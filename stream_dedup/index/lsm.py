@@ -7,8 +7,11 @@ Column families and keys (integers big-endian, so keys sort numerically):
               b"next_local" -> next local page id (u64, see FeatureIndex.local_ids)
               b"inflight" -> the plan of the batch being decided (JSON), deleted by commit
     features  feature (u64) + row (u32)  -> b""     (a posting list is a prefix scan)
-    exact     b"r"|b"c" + fingerprint (u64)  -> row (u32), the first page only
+    exact     b"r"|b"c" + fingerprint (u64)  -> row (u32), the page holding it
     docs      row (u32) -> the document record verification reads (see _encode)
+    urls      url key (u64, core/urls.py) -> row (u32): the URL's one kept version; a new
+              version deletes the old one's record, features, fingerprints in the commit
+              that writes it
 
 Rows number the kept pages in insertion order (they are this backend's handles); a page's
 public id is in its record (format 1 records have none: their id is their row).
@@ -49,7 +52,7 @@ from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
 
 log = logging.getLogger("stream_dedup.index")
 
-CF_META, CF_FEATURES, CF_EXACT, CF_DOCS = "meta", "features", "exact", "docs"
+CF_META, CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS = "meta", "features", "exact", "docs", "urls"
 FORMAT = 1
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -86,7 +89,7 @@ class LsmIndex(LocalIndex):
         self._closed = False
         self._check_directory(create)
         families = {CF_META: _options(None), CF_FEATURES: _options(8),
-                    CF_EXACT: _options(None), CF_DOCS: _options(None)}
+                    CF_EXACT: _options(None), CF_DOCS: _options(None), CF_URLS: _options(None)}
         db_options = _options(None)
         db_options.create_missing_column_families(True)
         try:
@@ -97,8 +100,9 @@ class LsmIndex(LocalIndex):
         self._features = self._db.get_column_family(CF_FEATURES)
         self._exact = self._db.get_column_family(CF_EXACT)
         self._docs = self._db.get_column_family(CF_DOCS)
+        self._urls = self._db.get_column_family(CF_URLS)
         self._cf = {name: self._db.get_column_family_handle(name)
-                    for name in (CF_META, CF_FEATURES, CF_EXACT, CF_DOCS)}
+                    for name in (CF_META, CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS)}
         self._read = ReadOptions()
         self._read.set_prefix_same_as_start(True)
         self._adopt_or_check_stamp(adopt=stamp is None)
@@ -148,11 +152,13 @@ class LsmIndex(LocalIndex):
     def _reset_overlay(self) -> None:
         self._new_docs: dict[int, StoredDoc] = {}
         self._new_features: dict[int, list[int]] = {}
+        self._new_urls: dict[int, int] = {}
+        self._retired: set[int] = set()  # rows replaced since the last commit
         self._new_exact: dict[bytes, int] = {}
 
     # --- FeatureIndex -------------------------------------------------------------------
     def __len__(self) -> int:
-        return self._pages + len(self._new_docs)
+        return self._pages + len(self._new_docs) - len(self._retired)
 
     def records(self) -> Docs:
         return self
@@ -163,10 +169,23 @@ class LsmIndex(LocalIndex):
     def first_with(self, layer: int, fingerprint: int) -> int | None:
         key = _LAYER[layer] + _U64.pack(fingerprint)
         pending = self._new_exact.get(key)
-        if pending is not None:
+        if pending is not None and pending not in self._retired:
             return pending
         raw = self._exact.get(key)
-        return None if raw is None else _U32.unpack(raw)[0]
+        row = None if raw is None else _U32.unpack(raw)[0]
+        return None if row in self._retired else row
+
+    def version_of(self, url_key: int) -> int | None:
+        row = self._new_urls.get(url_key)
+        if row is None:
+            raw = self._urls.get(_U64.pack(url_key))
+            row = None if raw is None else _U32.unpack(raw)[0]
+            if row is not None and self._docs.get(_U32.pack(row)) is None:
+                return None  # expired (retention)
+        return None if row in self._retired else row
+
+    def retire(self, row: int) -> None:
+        self._retired.add(row)
 
     def postings(self, features: np.ndarray) -> list[list[int]]:
         """Each feature's `cap` most recent rows: committed ones, then the overlay's."""
@@ -185,6 +204,8 @@ class LsmIndex(LocalIndex):
                     it.prev()
                 rows.reverse()
                 rows += self._new_features.get(feature, [])
+                if self._retired:
+                    rows = [r for r in rows if r not in self._retired]
                 out.append(rows[-self.cap:])
         finally:
             del it
@@ -197,9 +218,14 @@ class LsmIndex(LocalIndex):
         self._new_docs[page_id] = doc
         for feature in doc.features.tolist():
             self._new_features.setdefault(feature, []).append(page_id)
-        self._new_exact.setdefault(_LAYER[RAW] + _U64.pack(doc.raw_fp), page_id)
+        keys = [_LAYER[RAW] + _U64.pack(doc.raw_fp)]
         if doc.text_length > 0:
-            self._new_exact.setdefault(_LAYER[CANONICAL] + _U64.pack(doc.canonical_fp), page_id)
+            keys.append(_LAYER[CANONICAL] + _U64.pack(doc.canonical_fp))
+        for key in keys:  # the first page, unless a newer version of its URL replaced it
+            if self._new_exact.get(key) in self._retired or key not in self._new_exact:
+                self._new_exact[key] = page_id
+        if doc.url_key:
+            self._new_urls[doc.url_key] = page_id
         return page_id
 
     def doc(self, page_id: int) -> StoredDoc:
@@ -220,13 +246,22 @@ class LsmIndex(LocalIndex):
             return
         batch = WriteBatch(raw_mode=True)
         now = time.time()
+        gone = self._retired
+        for row in sorted(gone - self._new_docs.keys()):  # first: a put below wins
+            self._delete(batch, row, self.doc(row))
         for page_id, doc in self._new_docs.items():
-            batch.put(_U32.pack(page_id), _encode(doc, now), self._cf[CF_DOCS])
+            if page_id not in gone:
+                batch.put(_U32.pack(page_id), _encode(doc, now), self._cf[CF_DOCS])
         for feature, ids in self._new_features.items():
             for page_id in ids:
-                batch.put(_FEATURE_KEY.pack(feature, page_id), b"", self._cf[CF_FEATURES])
+                if page_id not in gone:
+                    batch.put(_FEATURE_KEY.pack(feature, page_id), b"", self._cf[CF_FEATURES])
         for key, page_id in self._new_exact.items():
-            batch.put(key, _U32.pack(page_id), self._cf[CF_EXACT])
+            if page_id not in gone:
+                batch.put(key, _U32.pack(page_id), self._cf[CF_EXACT])
+        for url_key, page_id in self._new_urls.items():
+            if page_id not in gone:
+                batch.put(_U64.pack(url_key), _U32.pack(page_id), self._cf[CF_URLS])
         for source, offset in (offsets or {}).items():
             batch.put(b"off:" + source.encode(), _U64.pack(offset), self._cf[CF_META])
         batch.delete(_INFLIGHT, self._cf[CF_META])
@@ -280,13 +315,7 @@ class LsmIndex(LocalIndex):
             when = _timestamp(doc.fetched_at, stored_at)
             if when >= cutoff:
                 continue
-            batch.delete(key, self._cf[CF_DOCS])
-            for feature in doc.features.tolist():
-                batch.delete(_FEATURE_KEY.pack(feature, page_id), self._cf[CF_FEATURES])
-            for layer, fp in ((RAW, doc.raw_fp), (CANONICAL, doc.canonical_fp)):
-                exact_key = _LAYER[layer] + _U64.pack(fp)
-                if self._exact.get(exact_key) == _U32.pack(page_id):
-                    batch.delete(exact_key, self._cf[CF_EXACT])
+            self._delete(batch, page_id, doc)
             removed += 1
         if removed:
             self._pages -= removed
@@ -294,9 +323,21 @@ class LsmIndex(LocalIndex):
             self._write(batch)
         return removed
 
+    def _delete(self, batch: WriteBatch, row: int, doc: StoredDoc) -> None:
+        """Delete a committed page: its record, features, and the fingerprints that still
+        name it. (Its URL's entry is overwritten by the version that replaces it; one left
+        by retention names a row without a record, which version_of ignores.)"""
+        batch.delete(_U32.pack(row), self._cf[CF_DOCS])
+        for feature in doc.features.tolist():
+            batch.delete(_FEATURE_KEY.pack(feature, row), self._cf[CF_FEATURES])
+        for layer, fp in ((RAW, doc.raw_fp), (CANONICAL, doc.canonical_fp)):
+            key = _LAYER[layer] + _U64.pack(fp)
+            if self._exact.get(key) == _U32.pack(row):
+                batch.delete(key, self._cf[CF_EXACT])
+
     def compact(self) -> None:
         self._db.flush()
-        for name in (CF_FEATURES, CF_EXACT, CF_DOCS, CF_META):
+        for name in (CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS, CF_META):
             self._db.get_column_family(name).compact_range(None, None)
 
     def export(self, target: str | Path) -> None:
@@ -315,7 +356,7 @@ class LsmIndex(LocalIndex):
 
     def stats(self) -> dict[str, float]:
         families = {CF_META: self._meta, CF_FEATURES: self._features, CF_EXACT: self._exact,
-                    CF_DOCS: self._docs}
+                    CF_DOCS: self._docs, CF_URLS: self._urls}
 
         def prop(cf: str, name: str) -> int:
             return int(families[cf].property_int_value(name) or 0)
@@ -340,7 +381,7 @@ class LsmIndex(LocalIndex):
             return
         self._closed = True
         db = self._db
-        for name in ("_meta", "_features", "_exact", "_docs", "_cf", "_read", "_db"):
+        for name in ("_meta", "_features", "_exact", "_docs", "_urls", "_cf", "_read", "_db"):
             delattr(self, name)
         try:
             db.close()

@@ -30,11 +30,12 @@ import os
 import struct
 import tempfile
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..core.urls import UrlKeys
 from ..errors import IndexMismatchError, IndexStoreError
 from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
 
@@ -59,11 +60,15 @@ class SortedRunMultimap:
     """64-bit key (stored as its low 32 bits) -> page ids (uint32), ascending ids per key,
     capped per key."""
 
-    def __init__(self, cap: int, keep: str = "last") -> None:
+    def __init__(self, cap: int, keep: str = "last",
+                 dead: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         if keep not in ("first", "last"):
             raise ValueError("keep must be 'first' or 'last'")
         self.cap = cap
         self.keep = keep
+        # Which values are gone (a bool mask of a uint32 array): dropped when runs are made
+        # and merged, so removed pages cost nothing once their entries reach a merge.
+        self.dead = dead
         # key -> its one value, or a list of them (oldest first): most keys are seen once,
         # and an int is no container for the garbage collector to track.
         self._mem: dict[int, int | list[int]] = {}
@@ -159,6 +164,9 @@ class SortedRunMultimap:
             vals = np.fromiter((v for k in self._mem for v in self._mem_values(k)), np.uint32, n)
         self._mem.clear()
         self._mem_entries = 0
+        if self.dead is not None:
+            alive = ~self.dead(vals)
+            keys, vals = keys[alive], vals[alive]
         order = np.argsort(keys, kind="stable")
         self._runs.append((keys[order], vals[order]))
         while len(self._runs) >= 2 and self._runs[-1][0].shape[0] * 4 >= self._runs[-2][0].shape[0]:
@@ -171,6 +179,9 @@ class SortedRunMultimap:
     ) -> tuple[np.ndarray, np.ndarray]:
         keys = np.concatenate((older[0], newer[0]))
         vals = np.concatenate((older[1], newer[1]))
+        if self.dead is not None:
+            alive = ~self.dead(vals)
+            keys, vals = keys[alive], vals[alive]
         order = np.argsort(keys, kind="stable")  # stable: older ids stay before newer ones
         keys, vals = keys[order], vals[order]
         if keys.shape[0] == 0:
@@ -408,11 +419,17 @@ _ROW = np.dtype([("id_high", "<u8"), ("id_low", "<u8"), ("text_length", "<u4"),
                  ("url_end", "<u4"), ("sketched", "?")])
 
 
+def _fetched(fetched_at: str | None) -> bytes:
+    """A crawl time in a record: its length (a byte), then its UTF-8 (at most 255 bytes)."""
+    raw = (fetched_at or "").encode("utf-8", "replace")[:255]
+    return bytes((len(raw),)) + raw
+
+
 class DocArena:
     """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
     row (id, text length, where its URL ends) and its URL in RAM; what only verification
     reads, its sketch (4 bytes a min-hash), its shingle set (a u32 length, then 4 bytes a
-    shingle) and its LD signature, as one byte string in a _RecordFile on disk
+    shingle), its crawl time (a length byte, then UTF-8) and its LD signature, as one byte string in a _RecordFile on disk
     (`records_dir`: where), or with `records_dir` None in _RamRecords, end to end in RAM
     (each keeps where a row ends: 8 bytes a row). A StoredDoc per page cost ~1.1 KB of
     Python objects (bench/memory.py). Reading a row builds its StoredDoc (what verification
@@ -439,7 +456,7 @@ class DocArena:
             raise ValueError(f"sketches of {sorted(widths)} values in an index of "
                              f"{self._width}")
         records = [(d.sketch.astype("<u4").tobytes(), _U32.pack(len(d.shingles)), d.shingles,
-                    d.ld_signature) for d in docs]
+                    _fetched(d.fetched_at), d.ld_signature) for d in docs]
         rows = np.empty(len(docs), _ROW)
         self._records.extend(records)  # first: a write that fails leaves the arena as it was
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
@@ -452,6 +469,11 @@ class DocArena:
                 ("sketched", [d.sketch.shape[0] > 0 for d in docs])):
             rows[name] = values
         self._rows.extend(rows)
+
+    def url(self, row: int) -> str:
+        chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
+        start = chunk[at - 1].item()[3] if at else 0
+        return self._urls.get(row, start, chunk[at].item()[3]).decode("utf-8", "surrogatepass")
 
     def fingerprint(self, row: int, layer: int) -> int:
         """The row's RAW or CANONICAL fingerprint."""
@@ -469,9 +491,11 @@ class DocArena:
         sketch = np.frombuffer(record, "<u4", split // 4).astype(np.uint32) if sketched \
             else _NO_SKETCH
         tops_end = split + 4 + _U32.unpack_from(record, split)[0]
+        sig_start = tops_end + 1 + record[tops_end]
+        fetched_at = record[tops_end + 1 : sig_start].decode("utf-8", "replace") or None
         url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
-        return StoredDoc(url, _NO_FEATURES, sketch, record[tops_end:], text_length, raw_fp,
-                         canonical_fp, None, high << 64 | low, record[split + 4 : tops_end])
+        return StoredDoc(url, _NO_FEATURES, sketch, record[sig_start:], text_length, raw_fp,
+                         canonical_fp, fetched_at, high << 64 | low, record[split + 4 : tops_end])
 
     def close(self) -> None:
         self._records.close()
@@ -489,15 +513,29 @@ class DocArena:
 class MemoryIndex(LocalIndex):
     """The default backend. Holds everything in this process, and what only verification
     reads in an unlinked temporary file in `records_dir` ("": records_home's choice; None:
-    in RAM too); gone when it exits."""
+    in RAM too); gone when it exits.
 
-    def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "") -> None:
+    URLs: a map url key -> rows (one more 8-byte entry a page; a hit is confirmed against
+    `url_key(url)` of the row's stored URL), and a bit a row for the versions a newer one
+    replaced. A replaced version's index keys and fingerprints are skipped by lookups and
+    dropped at the next flush or merge that meets them; its row (~60 bytes and its URL)
+    and its record stay, unused."""
+
+    def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "",
+                 url_key: Callable[[str], int] | None = None) -> None:
         self.stamp = stamp
         self.cap = max_posting
         self._next_local = 0
-        self._features = SortedRunMultimap(cap=max_posting, keep="last")
-        # Two first pages per key: a 32-bit key shared by two fingerprints still finds both.
-        self._exact = (SortedRunMultimap(cap=2, keep="first"), SortedRunMultimap(2, "first"))
+        dead = self._dead_mask
+        self._features = SortedRunMultimap(cap=max_posting, keep="last", dead=dead)
+        # Two pages per key: a 32-bit key shared by two fingerprints still finds both. The
+        # most recent two: one page holds a fingerprint at a time (a later one is dropped,
+        # or, once it is replaced, takes its place).
+        self._exact = (SortedRunMultimap(2, "last", dead), SortedRunMultimap(2, "last", dead))
+        self._urls = SortedRunMultimap(2, "last", dead)
+        self._url_key = url_key or UrlKeys().key
+        self._retired = bytearray()  # a bit a row: replaced by a newer version of its URL
+        self._n_retired = 0
         self._docs = DocArena(records_dir)
         self._offsets: dict[str, int] = {}
 
@@ -508,21 +546,46 @@ class MemoryIndex(LocalIndex):
             )
 
     def __len__(self) -> int:
-        return len(self._docs)
+        return len(self._docs) - self._n_retired
 
     def records(self) -> Docs:
         return self._docs
 
+    def _gone(self, row: int) -> int:
+        return self._retired[row >> 3] >> (row & 7) & 1
+
+    def _dead_mask(self, rows: np.ndarray) -> np.ndarray:
+        if not self._n_retired:
+            return np.zeros(rows.shape[0], bool)
+        bits = np.frombuffer(bytes(self._retired), np.uint8)
+        return (bits[rows >> 3] >> (rows & 7) & 1).astype(bool)
+
     def postings(self, features: np.ndarray) -> list[list[int]]:
-        return self._features.postings(features)
+        lists = self._features.postings(features)
+        if self._n_retired:
+            gone = self._gone
+            return [[r for r in rows if not gone(r)] for rows in lists]
+        return lists
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:
         """The first row with this RAW or CANONICAL fingerprint (32-bit keys: confirmed
         against the record's full fingerprint)."""
         for row in self._exact[layer].values(fingerprint):
-            if self._docs.fingerprint(row, layer) == fingerprint:
+            if self._docs.fingerprint(row, layer) == fingerprint and not (
+                    self._n_retired and self._gone(row)):
                 return row
         return None
+
+    def version_of(self, url_key: int) -> int | None:
+        for row in reversed(self._urls.values(url_key)):
+            if not self._gone(row) and self._url_key(self._docs.url(row)) == url_key:
+                return row
+        return None
+
+    def retire(self, row: int) -> None:
+        if not self._gone(row):
+            self._retired[row >> 3] |= 1 << (row & 7)
+            self._n_retired += 1
 
     def insert(self, doc: StoredDoc) -> int:
         """Store a kept page; its row."""
@@ -530,17 +593,33 @@ class MemoryIndex(LocalIndex):
         return len(self._docs) - 1
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
-        self._extend([c.doc for c in claims if c.doc is not None])
+        first = len(self._docs)
+        kept = [c for c in claims if c.doc is not None]
+        self._extend([c.doc for c in kept if c.doc is not None])
+        if any(c.replaces is not None or c.replaces_claim is not None for c in kept):
+            rows = {}
+            for i, c in enumerate(claims):
+                if c.doc is not None:
+                    rows[i] = first + len(rows)
+                    replaced = (rows[c.replaces_claim] if c.replaces_claim is not None
+                                else c.replaces)
+                    if replaced is not None:
+                        self.retire(replaced)
         return [True] * len(claims)
 
     def _extend(self, docs: list[StoredDoc]) -> None:
         row = len(self._docs)
         self._docs.extend(docs)
+        need = (len(self._docs) + 7) >> 3
+        if len(self._retired) < need:
+            self._retired.extend(bytes(need - len(self._retired) + 4096))
         for doc in docs:
             self._features.add_many(doc.features, row)
             self._exact[RAW].add(doc.raw_fp, row)
             if doc.text_length > 0:
                 self._exact[CANONICAL].add(doc.canonical_fp, row)
+            if doc.url_key:
+                self._urls.add(doc.url_key, row)
             row += 1
 
     def doc(self, row: int) -> StoredDoc:
@@ -562,20 +641,27 @@ class MemoryIndex(LocalIndex):
         self._docs.close()
 
     @classmethod
-    def warm_from(cls, lsm: LsmIndex, records_dir: str | None = "") -> MemoryIndex:
+    def warm_from(cls, lsm: LsmIndex, records_dir: str | None = "",
+                  url_key: Callable[[str], int] | None = None) -> MemoryIndex:
         """A memory index holding every committed page of an LSM index (same rows)."""
-        index = cls(lsm.stamp, lsm.max_posting, records_dir)
+        index = cls(lsm.stamp, lsm.max_posting, records_dir, url_key)
         for row, doc in lsm.stored_docs():
-            if len(index._docs) < row:  # rows of expired pages stay unused
-                index._docs.extend([_GONE] * (row - len(index._docs)))
+            if len(index._docs) < row:  # rows of expired or replaced pages stay unused
+                gap = row - len(index._docs)
+                index._extend([_GONE] * gap)
+                for unused in range(row - gap, row):
+                    index.retire(unused)
+            if not doc.url_key:
+                doc.url_key = index._url_key(doc.url)
             index.insert(doc)
         index._offsets = lsm.offsets()
         index._next_local = lsm.local_ids(0).start
         return index
 
     def stats(self) -> dict[str, float]:
-        pages = len(self._docs)
-        index_bytes = self._features.nbytes() + sum(m.nbytes() for m in self._exact)
+        pages = len(self)
+        index_bytes = (self._features.nbytes() + sum(m.nbytes() for m in self._exact)
+                       + self._urls.nbytes() + len(self._retired))
         return {
             "pages": pages,
             "feature_entries": len(self._features),

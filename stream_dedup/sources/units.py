@@ -213,13 +213,14 @@ Row = tuple[Any, ...]
 
 def _row(page: Page, analyzer: Analyzer, memo: Memo) -> Row:
     fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
-    seen = memo.get(fp)
+    seen = memo.get(fp) if page.revisit is None else None  # a revisit has no body to share
     if seen is not None:
         return seen
     a = analyzer.analyze(page)
     row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
            a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
-    memo.put(fp, row)  # not the page: its body is ~90 KB
+    if page.revisit is None:
+        memo.put(fp, row)  # not the page: its body is ~90 KB
     return row
 
 
@@ -230,7 +231,7 @@ class Packed:
     objects cost ~18 µs a page there and ~20 here; this, a few)."""
 
     items: list[Rejected | tuple[Any, ...]]  # a page: (url, headers, fetched_at, status,
-    #                                          source, position, body bytes)
+    #                          source, position, body bytes, payload digest, revisit)
     rows: list[Row | None]  # sketch True (in `sketches`, features in `features`) or None
     sketches: bytes
     features: bytes
@@ -256,7 +257,7 @@ def _worker_read(unit: Unit) -> Packed:
             rows.append(None)
             continue
         items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
-                      item.position, len(item.body)))
+                      item.position, len(item.body), item.payload_digest, item.revisit))
         row = _row(item, analyzer, _MEMO)
         if row[4] is not None:  # in the buffers: marked True
             sketches.append(row[4])
@@ -285,8 +286,8 @@ def unpack(packed: Packed) -> UnitResult:
             out.analyses.append(None)
             continue
         assert isinstance(item, tuple)
-        url, headers, fetched_at, status, source, position, size = item
-        page = Page(url, b"", headers, fetched_at, status, source, position)
+        url, headers, fetched_at, status, source, position, size, digest, revisit = item
+        page = Page(url, b"", headers, fetched_at, status, source, position, digest, revisit)
         raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s, tops = row
         if sk is True:
             sk, ft = sketches[k], features[k]
@@ -302,6 +303,7 @@ def merge_stats(into: SourceStats, more: SourceStats) -> None:
     into.records += more.records
     into.pages += more.pages
     into.non_2xx += more.non_2xx
+    into.revisits += more.revisits
     into.skipped.update(more.skipped)
     into.rejected.update(more.rejected)
     into.unreadable.extend(more.unreadable)

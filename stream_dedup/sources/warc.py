@@ -36,7 +36,7 @@ from fastwarc.warc import ArchiveIterator as FastArchiveIterator
 from fastwarc.warc import WarcRecord, WarcRecordType
 
 from stream_dedup.errors import PageError
-from stream_dedup.models import Page, Rejected
+from stream_dedup.models import Page, Rejected, Revisit
 from stream_dedup.sources.http import (
     Headers,
     decode_body,
@@ -64,6 +64,7 @@ class SourceStats:
     records: int = 0  # archive records / non-blank JSONL lines, broken ones included
     pages: int = 0
     non_2xx: int = 0  # pages whose HTTP status is not 2xx (yielded all the same)
+    revisits: int = 0  # revisit records yielded (decided against the version they name)
     skipped: Counter[str] = field(default_factory=Counter)  # record type, or "non-html"
     rejected: Counter[str] = field(default_factory=Counter)  # Rejected kind
     unreadable: list[str] = field(default_factory=list)  # "path: why", a file or its rest
@@ -168,6 +169,8 @@ def _convert(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected 
         if frame.length < 0:
             msg = "the file ends inside the record header"
         return Rejected(frame.url, "truncated", msg, source, block)
+    if frame.rec_type == "revisit":
+        return _revisit(frame, stats, source)
     if frame.rec_type != "response":
         stats.skipped[frame.rec_type] += 1
         return None
@@ -197,7 +200,31 @@ def _convert(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected 
     stats.pages += 1
     if status is not None and not 200 <= status < 300:
         stats.non_2xx += 1
-    return Page(frame.url, body, headers, frame.date, status, source)
+    digest = header_value(frame.headers, "WARC-Payload-Digest")
+    return Page(frame.url, body, headers, frame.date, status, source,
+                payload_digest=digest.strip() if digest else None)
+
+
+_REVISIT_PROFILES = ("identical-payload-digest", "server-not-modified")
+
+
+def _revisit(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected | None:
+    """A revisit record of a profile that says "the payload has not changed" becomes a
+    Page without a body (decided against the version it refers to); other profiles are
+    skipped."""
+    profile = (header_value(frame.headers, "WARC-Profile") or "").strip()
+    if not profile.endswith(_REVISIT_PROFILES):
+        stats.skipped["revisit"] += 1
+        return None
+    if not frame.url:
+        return Rejected(None, "bad-record", "revisit record without a target URI", source)
+    refers = _uri(header_value(frame.headers, "WARC-Refers-To-Target-URI"))
+    refers_date = _warc_date(header_value(frame.headers, "WARC-Refers-To-Date"))
+    digest = header_value(frame.headers, "WARC-Payload-Digest")
+    stats.revisits += 1
+    return Page(frame.url, b"", (), frame.date, None, source,
+                payload_digest=digest.strip() if digest else None,
+                revisit=Revisit(profile, refers, refers_date))
 
 
 # --- FastWARC, with the lenient reader checking the tail --------------------------------------

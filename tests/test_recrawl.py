@@ -1,0 +1,181 @@
+"""Recrawls: a URL fetched again is `unchanged` or `changed`, never a duplicate of itself,
+and the index holds one version per URL, in every backend."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from stream_dedup import Deduplicator, Page, Settings
+from stream_dedup.models import Decision, Revisit
+
+WORDS = [f"w{i}x" for i in range(5000)]
+
+
+def _html(words: list[str]) -> bytes:
+    return f"<html><body><p>{' '.join(words)}</p></body></html>".encode()
+
+
+def _edit(words: list[str], n: int, rng: random.Random) -> list[str]:
+    """`n` consecutive words replaced (a date line, a counter: J8 ~0.89 for 10 of 300)."""
+    out = list(words)
+    at = rng.randrange(len(out) - n)
+    out[at : at + n] = [f"edit{rng.randrange(10**6)}" for _ in range(n)]
+    return out
+
+
+@pytest.fixture(params=["memory", "lsm", "redis"])
+def make_dedup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
+    """A factory of Deduplicators on one backend (each call: a fresh index)."""
+    made: list[Deduplicator] = []
+
+    def make(**settings: object) -> Deduplicator:
+        extra: dict[str, object] = {"index": request.param}
+        if request.param == "lsm":
+            extra["index_path"] = str(tmp_path / f"idx{len(made)}")
+        if request.param == "redis":
+            from indexkit import flush_redis
+
+            url = request.getfixturevalue("redis_url")
+            flush_redis(url)
+            extra["redis_url"] = url
+        dd = Deduplicator(Settings(**{**extra, **settings}))  # type: ignore[arg-type]
+        made.append(dd)
+        return dd
+
+    if request.param == "redis":
+        request.applymarker(pytest.mark.redis)
+    yield make
+    for dd in made:
+        dd.close()
+
+
+def _reason(d: Decision) -> tuple[str, str]:
+    return d.decision, d.reason
+
+
+def test_the_five_lines_of_the_issue(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """One URL fetched four times (same bytes; 10 of 300 words changed; all words
+    changed), then a mirror of it on another host."""
+    rng = random.Random(1)
+    v1 = [rng.choice(WORDS) for _ in range(300)]
+    v2 = _edit(v1, 10, rng)
+    v3 = [rng.choice(WORDS) for _ in range(300)]
+    url = "https://docs.example/a"
+    pages = [Page(url, _html(v1), fetched_at="2026-01-01T00:00:00Z"),
+             Page(url, _html(v1), fetched_at="2026-02-01T00:00:00Z"),
+             Page("HTTPS://Docs.Example:443/a#top", _html(v2), fetched_at="2026-03-01T00:00:00Z"),
+             Page(url, _html(v3), fetched_at="2026-04-01T00:00:00Z"),
+             Page("https://mirror.example/a", _html(v3))]
+    for batch in (1, 5):
+        dd = make_dedup()
+        out = [d for i in range(0, 5, batch) for d in dd.check_batch(pages[i : i + batch])]
+        assert [_reason(d) for d in out] == [
+            ("keep", "unique"), ("drop", "unchanged"), ("drop", "unchanged"),
+            ("keep", "changed"), ("drop", "exact")]
+        first = out[0].page_id
+        assert out[1].previous is not None and out[1].previous.page_id == first
+        assert (out[1].previous.match, out[1].previous.fetched_at) == (
+            "exact", "2026-01-01T00:00:00Z")
+        assert out[1].duplicate_of is None and out[1].fetched_at == "2026-02-01T00:00:00Z"
+        sha1 = base64.b32encode(hashlib.sha1(_html(v1)).digest()).decode()
+        assert out[1].payload_digest == "sha1:" + sha1
+        near = out[2]
+        assert near.previous is not None and near.previous.match == "near"
+        assert near.jaccard is not None and 0.8 <= near.jaccard < 1.0 and near.verified
+        changed = out[3]
+        assert changed.previous is not None and changed.previous.page_id == first
+        assert changed.payload_digest is None
+        mirror = out[4]
+        assert mirror.duplicate_of is not None and mirror.duplicate_of.url == url
+        assert mirror.duplicate_of.page_id == changed.page_id and mirror.previous is None
+        assert len(dd.index) == 1  # one URL held, in its newest version
+
+
+def test_one_version_per_url_and_a_replaced_version_is_gone(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """Many fetches of few URLs: the index holds one page a URL; a copy of a version that
+    was replaced is new content (kept), a copy of the current one is dropped."""
+    rng = random.Random(2)
+    dd = make_dedup(batch_size=7)
+    urls = [f"https://site.example/p{i}" for i in range(12)]
+    current: dict[str, list[str]] = {}
+    first_versions: dict[str, bytes] = {}
+    for crawl in range(6):
+        batch = []
+        for url in urls:
+            words = current.get(url) or [rng.choice(WORDS) for _ in range(200)]
+            if crawl and rng.random() < 0.5:
+                words = [rng.choice(WORDS) for _ in range(200)]  # a new release of the page
+            current[url] = words
+            first_versions.setdefault(url, _html(words))
+            batch.append(Page(url, _html(words)))
+        for d in dd.check_batch(batch):
+            assert d.duplicate_of is None or d.duplicate_of.url != d.url
+        assert len(dd.index) == len(urls)
+    replaced = [u for u in urls if _html(current[u]) != first_versions[u]]
+    assert replaced, "the seed gives some URLs a new version"
+    old_copy = dd.check(Page("https://copy.example/old", first_versions[replaced[0]]))
+    assert _reason(old_copy) == ("keep", "unique")
+    new_copy = dd.check(Page("https://copy.example/new", _html(current[replaced[0]])))
+    assert _reason(new_copy) == ("drop", "exact")
+    assert new_copy.duplicate_of is not None and new_copy.duplicate_of.url == replaced[0]
+
+
+def test_a_url_fetched_twice_in_one_batch_decides_as_one_by_one(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(3)
+    a, b, c = ([rng.choice(WORDS) for _ in range(250)] for _ in range(3))
+    pages = [Page("http://x/1", _html(a)), Page("http://x/1", _html(b)),
+             Page("http://y/1", _html(a)), Page("http://x/1", _html(c)),
+             Page("http://x/1", _html(c)), Page("http://z/1", _html(b))]
+    one = make_dedup()
+    singles = [one.check(p) for p in pages]
+    together = make_dedup().check_batch(pages)
+    assert [_reason(d) for d in singles] == [_reason(d) for d in together] == [
+        ("keep", "unique"), ("keep", "changed"), ("keep", "unique"), ("keep", "changed"),
+        ("drop", "unchanged"), ("keep", "unique")]
+    assert len(one.index) == 3
+
+
+def test_new_content_that_copies_another_url_is_dropped_against_it(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """The URL's own version stays (a drop stores nothing); the decision names both."""
+    rng = random.Random(4)
+    a, b = ([rng.choice(WORDS) for _ in range(250)] for _ in range(2))
+    dd = make_dedup()
+    dd.check(Page("http://x/1", _html(a)))
+    dd.check(Page("http://y/1", _html(b)))
+    d = dd.check(Page("http://x/1", _html(b)))
+    assert _reason(d) == ("drop", "exact")
+    assert d.duplicate_of is not None and d.duplicate_of.url == "http://y/1"
+    assert d.previous is not None and d.previous.url == "http://x/1"
+    assert _reason(dd.check(Page("http://x/1", _html(a)))) == ("drop", "unchanged")
+
+
+def test_short_pages_compare_exactly(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    dd = make_dedup()
+    assert _reason(dd.check(Page("http://s/", b"<p>Hello there</p>"))) == ("keep", "unique")
+    assert _reason(dd.check(Page("http://s/", b"<b>HELLO, there!</b>"))) == ("drop", "unchanged")
+    assert _reason(dd.check(Page("http://s/", b"<p>Goodbye</p>"))) == ("keep", "changed")
+
+
+def test_revisit_records(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    rng = random.Random(5)
+    body = _html([rng.choice(WORDS) for _ in range(250)])
+    dd = make_dedup()
+    kept = dd.check(Page("http://r/1", body, fetched_at="2026-01-01T00:00:00Z"))
+    profile = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
+    same = dd.check(Page("http://r/1", b"", fetched_at="2026-02-01T00:00:00Z",
+                         payload_digest="sha1:ABC", revisit=Revisit(profile, "http://r/1")))
+    assert _reason(same) == ("drop", "unchanged")
+    assert same.previous is not None and same.previous.page_id == kept.page_id
+    assert (same.previous.match, same.payload_digest) == ("revisit", "sha1:ABC")
+    other = dd.check(Page("http://r/2", b"", revisit=Revisit(profile, "http://r/1")))
+    assert _reason(other) == ("drop", "unchanged")  # refers to r/1's version
+    unknown = dd.check(Page("http://r/3", b"", revisit=Revisit(profile, None)))
+    assert (unknown.decision, unknown.reason) == ("reject", "revisit-unknown")
+    assert unknown.error is not None and "http://r/3" in unknown.error
+    assert len(dd.index) == 1

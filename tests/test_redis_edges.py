@@ -103,7 +103,7 @@ def test_members_whose_lease_ran_out_do_not_hide_a_kept_copy(
     monkeypatch.setattr(redis_index, "LEASE_MS", 1)
     dead = RedisIndex(url, settings.params.stamp)
     a = Analyzer(settings).analyze(page("http://x/dead", body))
-    dead.lookup([_probe(a, pid) for pid in dead.local_ids(40)])
+    dead.lookup([_probe(a, pid, 0) for pid in dead.local_ids(40)])
     monkeypatch.setattr(redis_index, "LEASE_MS", 60_000)
     time.sleep(0.05)
     first = Deduplicator(settings).check_batch([page("http://x/a", body)])[0]
@@ -120,13 +120,13 @@ def test_a_page_waits_for_an_older_one_as_long_as_it_takes(url: str) -> None:
     other = RedisIndex(url, settings.params.stamp)
     qa = Analyzer(settings).analyze(older)
     assert older.position is not None
-    other.lookup([_probe(qa, older.position)])  # registered: pending on the other instance
+    other.lookup([_probe(qa, older.position, 0)])  # registered: pending on the other instance
 
     def finish_later() -> None:
         time.sleep(2.0)
-        answers = other.lookup([_probe(qa, older.position)])
+        answers = other.lookup([_probe(qa, older.position, 0)])
         v = decide_batch([qa], [older.position], answers, settings)[0]
-        assert other.claim([Claim(_probe(qa, older.position), v.doc, v.decision)]) == [True]
+        assert other.claim([Claim(_probe(qa, older.position, 0), v.doc, v.decision)]) == [True]
 
     thread = threading.Thread(target=finish_later)
     thread.start()
@@ -164,7 +164,7 @@ def test_a_ranking_the_batch_changes_reads_only_records_it_has(url: str) -> None
                         ("redis", RedisIndex(url, settings.params.stamp, settings.max_posting))):
         out: list[Decision] = []
         for batch in [[p] for p in pages] + [last]:
-            probes = [_probe(a, pid) for a, pid in batch]
+            probes = [_probe(a, pid, 0) for a, pid in batch]
             verdicts = decide_batch([a for a, _ in batch], [pid for _, pid in batch],
                                     index.lookup(probes), settings)
             index.claim([Claim(pr, v.doc, v.decision, v.depends_on)

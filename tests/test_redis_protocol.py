@@ -53,27 +53,28 @@ OLD_PAGE = analysis("http://x/old", TEXT)
 YOUNG_PAGE = analysis("http://x/young", TEXT.replace("word5x5", "other"))
 
 
-def ask(index: RedisIndex, a: Analysis, pid: int) -> Answer:
-    return index.lookup([_probe(a, pid)])[0]
+def ask(index: RedisIndex, a: Analysis, pid: int, url_key: int = 0) -> Answer:
+    return index.lookup([_probe(a, pid, url_key)])[0]
 
 
-def decide(a: Analysis, pid: int, answer: Answer) -> Verdict:
-    return decide_batch([a], [pid], [answer], SETTINGS)[0]
+def decide(a: Analysis, pid: int, answer: Answer, url_key: int = 0) -> Verdict:
+    return decide_batch([a], [pid], [answer], SETTINGS, url_keys=[url_key])[0]
 
 
-def claim(index: RedisIndex, a: Analysis, pid: int, v: Verdict) -> bool:
-    return index.claim([Claim(_probe(a, pid), v.doc, v.decision, v.depends_on)])[0]
+def claim(index: RedisIndex, a: Analysis, pid: int, v: Verdict, url_key: int = 0) -> bool:
+    return index.claim([Claim(_probe(a, pid, url_key), v.doc, v.decision, v.depends_on,
+                              v.replaces, v.replaces_in_batch)])[0]
 
 
-def finish(index: RedisIndex, a: Analysis, pid: int) -> Verdict:
+def finish(index: RedisIndex, a: Analysis, pid: int, url_key: int = 0) -> Verdict:
     """Ask, decide and claim until a claim holds (what the deduplicator's loop does)."""
     for _ in range(20):
-        answer = ask(index, a, pid)
+        answer = ask(index, a, pid, url_key)
         assert answer.prior != WAIT
         if answer.prior is not None:
             return Verdict(answer.prior)
-        v = decide(a, pid, answer)
-        if claim(index, a, pid, v):
+        v = decide(a, pid, answer, url_key)
+        if claim(index, a, pid, v, url_key):
             return v
     raise AssertionError("no claim held in 20 rounds")
 

@@ -28,15 +28,9 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
-
-from redis.cluster import RedisCluster
-from redis.exceptions import (
-    RedisClusterException,
-    RedisError,
-)
 
 from ..errors import IndexMismatchError, IndexUnavailable
 from ..models import position_id
@@ -50,18 +44,16 @@ from .base import (
     near_candidates,
     weak_candidates,
 )
-from .redis_client import ANY, Observe, ScriptClient, connect, memory, shard_of
+from .redis_client import ANY, Observe, ScriptClient, connect, shard_of
 from .redis_layout import (
     BUCKETS,
     FORMAT,
-    LISTPACK_ENTRIES,
-    LISTPACK_VALUE,
-    PAGES,
     SHARDS,
     STAMP,
     Layout,
     decode_decision,
     decode_doc,
+    doc_probe,
     encode_decision,
     encode_doc,
     id_bytes,
@@ -122,6 +114,12 @@ class RedisIndex(ScriptClient):
         priors: list[Any] = [None] * len(probes)
         if register:
             priors = self._register(probes)
+            # A new version decided before: the version it replaced is retired (again: the
+            # round that did it may have failed; retiring is idempotent)
+            redo = [d.previous.page_id for d in priors if d is not None
+                    and d.decision == "keep" and d.previous is not None]
+            if redo:
+                self._retire(self._replaced(redo, {}), [], 0)
         # A page decided before (delivered again) neither joins nor reads: it has its answer.
         joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
                          if prior is None for key in page_keys) if register else {}
@@ -135,7 +133,11 @@ class RedisIndex(ScriptClient):
                     for q in ids:
                         if q not in mine:
                             seen[q] = min(seen.get(q, p.page_id), p.page_id)
-        states = self._peek(seen, flag=register)
+        # The members of a URL's set: their state is read afresh (a kept version may have
+        # been replaced since this instance cached it)
+        fresh = {q for p, sets, prior, any_read in zip(probes, members, priors, hit, strict=True)
+                 if p.url_key and prior is None and any_read for q in sets[-1] if q not in mine}
+        states = self._peek(seen, flag=register, fresh=fresh)
         if register:
             self._sweep([k for k, h in zip(keys, hit, strict=True) if h],
                         [m for m, h in zip(members, hit, strict=True) if h], states, mine)
@@ -147,8 +149,10 @@ class RedisIndex(ScriptClient):
             if prior is not None:
                 out.append(Answer(None, None, [], {}, prior=prior))
                 continue
+            exact = 1 if p.canonical_fp is None else 2  # the keys before the features
+            urls = 1 if p.url_key else 0  # the URL's key, last
             if not any_read:  # every key new, or holding only pages of this batch
-                features = len(page_keys) - (1 if p.canonical_fp is None else 2)
+                features = len(page_keys) - exact - urls
                 out.append(Answer(None, None, [[] for _ in range(features)], {}))
                 continue
             older_pending = any(states.get(q) == "P" and q < p.page_id
@@ -158,17 +162,16 @@ class RedisIndex(ScriptClient):
                 out.append(Answer(None, None, [], {}, prior=WAIT))
                 continue
             kept = [[q for q in ids if states.get(q) == "K"] for ids in sets]
+            # The URL's kept version: one (two only while a replaced one is being retired,
+            # or if its retiring failed: then the newer)
+            versions = kept.pop() if urls else _EMPTY
             raw = kept[0][0] if kept[0] else None
-            canonical = None
-            postings = kept[1:]
-            if p.canonical_fp is not None:
-                canonical = kept[1][0] if kept[1] else None
-                postings = kept[2:]
-            postings = [ids[-self.cap:] for ids in postings]
-            answer = Answer(raw, canonical, postings, {})
+            canonical = kept[1][0] if exact == 2 and kept[1] else None
+            postings = [ids[-self.cap:] for ids in kept[exact:]]
+            answer = Answer(raw, canonical, postings, {}, max(versions) if versions else None)
             # The batch's own kept pages may push the oldest out of a full posting list and
             # so change the ranking the decide step makes: then it may read any candidate.
-            feature_keys = page_keys[len(page_keys) - len(postings):]
+            feature_keys = page_keys[exact : exact + len(postings)]
             full = any(len(ids) + joined.get(key, 0) > self.cap
                        for ids, key in zip(postings, feature_keys, strict=True))
             wanted = self._wanted(answer)
@@ -199,25 +202,40 @@ class RedisIndex(ScriptClient):
             answer.raw = None
         if answer.canonical in gone:
             answer.canonical = None
+        if answer.version in gone:
+            answer.version = None
         answer.postings = [[h for h in ids if h not in gone] for ids in answer.postings]
         return self._wanted(answer)
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
         won = [False] * len(claims)
-        first = [i for i, c in enumerate(claims) if c.decision is not None and (
-            c.depends_on is None)]
-        leave = self._finish(claims, first, won, [])
-        later = [i for i, c in enumerate(claims) if c.decision is not None
-                 and c.depends_on is not None and won[c.depends_on]]
-        leave = self._finish(claims, later, won, leave)
+        # A claim that depends on another of the batch (a drop naming a page kept in it, a
+        # version replacing one kept in it) is made once that one is won, in a later round.
+        after = [c.depends_on if c.depends_on is not None else c.replaces_claim
+                 for c in claims]
+        todo = [i for i, c in enumerate(claims) if c.decision is not None]
+        ready = [i for i in todo if after[i] is None]
+        leave: list[Any] = []
+        done: set[int] = set()
+        while ready:
+            leave = self._finish(claims, ready, won, leave)
+            done.update(ready)
+            ready = [i for i in todo if i not in done and after[i] in done
+                     and won[after[i]]]  # type: ignore[index]
         self.lost += sum(1 for c, ok in zip(claims, won, strict=True)
                          if not ok and c.decision is not None)
         kept = sum(1 for c, ok in zip(claims, won, strict=True) if ok and c.doc is not None)
-        # The last drops leave their keys, and the count of pages kept grows, in one round
-        # trip (neither orders anything: a drop leaves after its record is final).
-        if leave or kept:
-            with self._call("claim"):
-                self._rounds(("leave", leave, ()), count=kept)
+        # Versions replaced by the new ones won (only now: a keep that lost replaces nothing)
+        stored = [c.replaces for c, ok in zip(claims, won, strict=True)
+                  if ok and c.doc is not None and c.replaces is not None]
+        retired = self._replaced(stored, {
+            claims[j].probe.page_id: claims[j].probe for c, ok in zip(claims, won, strict=True)
+            if ok and c.doc is not None and (j := c.replaces_claim) is not None})
+        # The last drops leave their keys, the replaced versions are retired, and the count
+        # of pages held changes, in one round trip (none orders anything: a drop leaves
+        # after its record is final; a version is retired after the new one is KEEP).
+        if leave or kept or retired:
+            self._retire(retired, leave, kept - len(retired))
         return won
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:
@@ -324,8 +342,12 @@ class RedisIndex(ScriptClient):
                 hit[page] = True
         return out, hit
 
-    def _peek(self, seen: Mapping[int, int], flag: bool) -> dict[int, str]:
-        states = {q: self._final[q] for q in seen if q in self._final}
+    def _peek(self, seen: Mapping[int, int], flag: bool,
+              fresh: Collection[int] = ()) -> dict[int, str]:
+        """The state of each page seen (flagging a younger pending one, with `flag`); of
+        those in `fresh` a cached KEEP is read again (it may have become R since)."""
+        states = {q: s for q in seen if (s := self._final.get(q)) is not None
+                  and not (s == "K" and q in fresh)}
         ask = [q for q in seen if q not in states]
         if not ask:
             return states
@@ -338,7 +360,7 @@ class RedisIndex(ScriptClient):
             replies = self._rounds(("peek", items, ()))[0]
         for q, r in zip(ask, replies, strict=True):
             state = states[q] = r.decode() if isinstance(r, bytes) else str(r)
-            if state in ("K", "D"):
+            if state in ("K", "D", "R"):
                 _remember(self._final, q, state, CACHED_STATES)
         return states
 
@@ -367,7 +389,7 @@ class RedisIndex(ScriptClient):
         for page_keys, sets in zip(keys, members, strict=True):
             for key, ids in zip(page_keys, sets, strict=True):
                 for q in ids:
-                    if q not in mine and states.get(q) in ("X", "D"):
+                    if q not in mine and states.get(q) in ("X", "D", "R"):
                         gone.setdefault(q, {})[key] = None
         if gone:
             with self._call("sweep"):
@@ -470,6 +492,35 @@ class RedisIndex(ScriptClient):
         self._forget_docs(unkept)
         return leave
 
+    def _replaced(self, stored: list[int], in_batch: Mapping[int, Probe]
+                  ) -> list[tuple[int, Probe | None]]:
+        """Versions to retire, each with its keys as its probe gave them: `in_batch`'s
+        known, `stored`'s from their verification records (None: gone, the record only)."""
+        docs = self._docs(list(dict.fromkeys(stored))) if stored else {}
+        out: list[tuple[int, Probe | None]] = list(in_batch.items())
+        out += [(q, doc_probe(docs[q]) if q in docs else None) for q in stored]
+        return out
+
+    def _retire(self, versions: list[tuple[int, Probe | None]], leave: list[Any],
+                count: int) -> None:
+        """One round trip: each version's record KEEP -> R (its verification record in the
+        index's Redis deleted with it) and its id leaves its keys; also `leave` (drops
+        leaving theirs) and the count of pages held by `count`. Then the records store
+        forgets theirs (best effort) and the caches do."""
+        nodes = self._shard_nodes()
+        items = []
+        for q, probe in versions:
+            key = self.layout.record_key(q)
+            items.append((nodes[q % SHARDS], key, (key,), 1))
+            if probe is not None:
+                leave = leave + self._leave(id_bytes(q), *self.layout.probe_shards(probe))
+        with self._call("claim"):
+            self._rounds(("leave", leave, ()), ("retire", items, ()), count=count)
+        for q, _ in versions:
+            _remember(self._final, q, "R", CACHED_STATES)
+            self._records.pop(q, None)
+        self._forget_docs([q for q, _ in versions])
+
     def _leave(self, member: bytes, keys: list[bytes], shards: list[int] | None = None
                ) -> list[Any]:
         """Items of a "leave" call: `member` leaves `keys` (`shards`: theirs, if known)."""
@@ -508,65 +559,14 @@ class RedisIndex(ScriptClient):
         raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
                                  "settings and version, or another Redis.")
 
-    def _check_config(self) -> None:
-        """Warn about settings that lose pages (eviction) or cost much more memory."""
-        try:
-            config = self.client.config_get("maxmemory-policy")
-            config.update(self.client.config_get("hash-max-listpack-*"))
-            entries = int(config.get("hash-max-listpack-entries", LISTPACK_ENTRIES))
-            value = int(config.get("hash-max-listpack-value", LISTPACK_VALUE))
-        except (RedisError, RedisClusterException, ValueError):
-            return  # CONFIG is often disabled on managed Redis: nothing to say
-        policy = config.get("maxmemory-policy", "noeviction")
-        if policy != "noeviction":
-            log.warning("Redis at %s evicts keys when full (maxmemory-policy %s): it would "
-                        "forget pages and decisions silently; set noeviction, so a full "
-                        "index fails writes (the batch waits, /readyz says so)", self.url,
-                        policy)
-        if entries < LISTPACK_ENTRIES or value < LISTPACK_VALUE:
-            log.warning("Redis at %s has hash-max-listpack-entries %d and "
-                        "hash-max-listpack-value %d: a bucket of the index with more fields "
-                        "or a longer one is stored as a hash table, 2-3 times larger; set "
-                        "them to %d and %d (deploy/redis-local does)", self.url, entries,
-                        value, LISTPACK_ENTRIES, LISTPACK_VALUE)
-
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
         candidates of either tier, as decide.py ranks them (the batch's own pages never push
         these out): by shared features, or by shared keys (features and band keys)."""
-        out = [h for h in (answer.raw, answer.canonical) if h is not None]
+        out = [h for h in (answer.raw, answer.canonical, answer.version) if h is not None]
         for ranked in (near_candidates(answer.postings, self.groups, self.threshold),
                        weak_candidates(answer.postings, self.groups)):
             out += [h for h, _ in ranked[: self.max_candidates]]
-        return out
-
-    def ping(self) -> bool:
-        """Does every primary answer now (/readyz)?"""
-        try:
-            with self._call("ping"):
-                for client in (self.client, self.records):
-                    if isinstance(client, RedisCluster):
-                        client.ping(target_nodes=RedisCluster.PRIMARIES)
-                    elif client is not None:
-                        client.ping()
-            return True
-        except IndexUnavailable:
-            return False
-
-    def __len__(self) -> int:
-        with self._call("count"):
-            return int(self.client.get(PAGES) or 0)
-
-    def stats(self) -> dict[str, float]:
-        """Pages kept, keys, and Redis memory summed over every primary (and over the
-        records store's, if it has one)."""
-        with self._call("stats"):
-            keys, used = memory(self.client)
-            out: dict[str, float] = {"pages": len(self), "keys": keys, "redis_used_memory": used}
-            if self.records is not None:
-                out["records_keys"], out["records_used_memory"] = memory(self.records)
-        pages = out["pages"]
-        out["index_bytes_per_page"] = used / pages if pages else 0.0
         return out
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:

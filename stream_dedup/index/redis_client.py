@@ -5,6 +5,7 @@ redis_layout.py the scripts)."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,9 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..errors import ConfigError, IndexUnavailable
-from .redis_layout import PAGES, SCRIPTS, SHARDS
+from .redis_layout import LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SCRIPTS, SHARDS
+
+log = logging.getLogger("stream_dedup.index")
 
 _CALL_KEYS = 2_000  # keys per script call at most (a call holds its node while it runs)
 _NO_NODES: list[Any] = [None] * SHARDS  # a plain Redis: one node
@@ -63,12 +66,14 @@ Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
 
 
 class ScriptClient:
-    """Script calls on a Redis (Cluster), a round trip at a time, timed and counted."""
+    """Script calls on a Redis (Cluster), a round trip at a time, timed and counted; and
+    what an operator asks of it (ping, stats, its configuration)."""
 
     def __init__(self, url: str, client: Any, observe: Observe | None) -> None:
         self.url = url
         self.observe: Observe = observe or (lambda op, s, failed: None)
         self.client = client if client is not None else connect(url)
+        self.records: Any = None  # another store for the verification records (redis.py)
         self.round_trips = 0  # pipelined round trips so far
         self._nodes_of: tuple[Any, list[Any]] = (None, [])  # slot map, shard -> node
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SCRIPTS.items()}
@@ -150,6 +155,57 @@ class ScriptClient:
                             results[offsets[i] : offsets[i] + n] = reply[pos : pos + n]
                         pos += n
             out.append(results)
+        return out
+
+    def _check_config(self) -> None:
+        """Warn about settings that lose pages (eviction) or cost much more memory."""
+        try:
+            config = self.client.config_get("maxmemory-policy")
+            config.update(self.client.config_get("hash-max-listpack-*"))
+            entries = int(config.get("hash-max-listpack-entries", LISTPACK_ENTRIES))
+            value = int(config.get("hash-max-listpack-value", LISTPACK_VALUE))
+        except (RedisError, RedisClusterException, ValueError):
+            return  # CONFIG is often disabled on managed Redis: nothing to say
+        policy = config.get("maxmemory-policy", "noeviction")
+        if policy != "noeviction":
+            log.warning("Redis at %s evicts keys when full (maxmemory-policy %s): it would "
+                        "forget pages and decisions silently; set noeviction, so a full "
+                        "index fails writes (the batch waits, /readyz says so)", self.url,
+                        policy)
+        if entries < LISTPACK_ENTRIES or value < LISTPACK_VALUE:
+            log.warning("Redis at %s has hash-max-listpack-entries %d and "
+                        "hash-max-listpack-value %d: a bucket of the index with more fields "
+                        "or a longer one is stored as a hash table, 2-3 times larger; set "
+                        "them to %d and %d (deploy/redis-local does)", self.url, entries,
+                        value, LISTPACK_ENTRIES, LISTPACK_VALUE)
+
+    def ping(self) -> bool:
+        """Does every primary answer now (/readyz)?"""
+        try:
+            with self._call("ping"):
+                for client in (self.client, self.records):
+                    if isinstance(client, RedisCluster):
+                        client.ping(target_nodes=RedisCluster.PRIMARIES)
+                    elif client is not None:
+                        client.ping()
+            return True
+        except IndexUnavailable:
+            return False
+
+    def __len__(self) -> int:
+        with self._call("count"):
+            return int(self.client.get(PAGES) or 0)
+
+    def stats(self) -> dict[str, float]:
+        """Pages kept, keys, and Redis memory summed over every primary (and over the
+        records store's, if it has one)."""
+        with self._call("stats"):
+            keys, used = memory(self.client)
+            out: dict[str, float] = {"pages": len(self), "keys": keys, "redis_used_memory": used}
+            if self.records is not None:
+                out["records_keys"], out["records_used_memory"] = memory(self.records)
+        pages = out["pages"]
+        out["index_bytes_per_page"] = used / pages if pages else 0.0
         return out
 
     def _shard_nodes(self) -> list[Any]:

@@ -8,10 +8,11 @@ Nothing is a key of its own per page but the verification record: a Redis key co
 bytes of overhead, so the index's entries are *fields* of bucket hashes, `buckets` per hash
 tag (fixed when the index is made), each a compact listpack of a few dozen fields:
 
-    {n}S<bucket>  hash; field <feature> (8 bytes), or r/c + <raw/canonical fp> (9): the ids
-                  of the pages that have it, sorted (a page's "key": a set of ids)
+    {n}S<bucket>  hash; field <feature> (8 bytes), or r/c/u + <raw/canonical fp, URL key>
+                  (9): the ids of the pages that have it, sorted (a page's "key": a set
+                  of ids; the URL's: its kept version, and pages of it being decided)
     {n}P<bucket>  hash; field <id>: the page's state and expiry, then its lease or (final)
-                  its decision (see _COMMON)
+                  its decision (see _COMMON); R: a kept version a newer one replaced
     {n}D<id>      string: a kept page's verification record (encode_doc), ~730 bytes; in
                   the index's Redis or in a records store (redis.py)
     stream-dedup:stamp  "<sketch stamp>:<SHARDS>:<FORMAT>:<buckets>"
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models import Decision, DuplicateOf
+from ..models import Decision, DuplicateOf, Previous
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
@@ -40,7 +41,7 @@ ID_BYTES = 13  # 98-bit ids (models.position_id)
 # to ~SHARDS / 10 primaries. Part of the layout: every instance must agree (it is stored
 # with the stamp, with the buckets).
 SHARDS = 1024
-FORMAT = 4  # 4: records carry the shingle set (exact verification)
+FORMAT = 5  # 4: records carry the shingle set (exact verification); 5: keys and URL key
 BUCKETS = 128  # set buckets per hash tag by default: ~60 fields each at 1M pages held
 RECORD_BUCKETS_PER = 8  # a page has 8 set entries (13 with band keys) and one record
 # A bucket stays a compact listpack (~25 bytes a field) only up to so many fields of at most
@@ -48,10 +49,10 @@ RECORD_BUCKETS_PER = 8  # a page has 8 set entries (13 with band keys) and one r
 LISTPACK_ENTRIES, LISTPACK_VALUE = 512, 1024
 SWEEP_S = 3600  # with retention, how often a bucket drops the entries past their time
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
-# raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, then
-# the url (the features are not kept: only the keys need them, and a dropped page's keys
-# come from its probe)
-_DOC_HEAD = struct.Struct("<QQIHII")
+# raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, URL
+# key, features (and band keys), crawl time bytes, then the url. The features are read
+# only to take a replaced version out of its keys (a dropped page's keys: its probe's).
+_DOC_HEAD = struct.Struct("<QQIHIIQHB")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 _JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps builds one per call)
 
@@ -119,8 +120,9 @@ local function store(bucket, field, ids, exps)
     redis.call('HSET', bucket, field, packed(ids, exps))
   end
 end
--- A record's value: state ('P', 'K' or 'D'), its expiry (4 bytes), then for P the lease's
--- end (ms, decimal) and 'f' if flagged, for K and D the decision.
+-- A record's value: state ('P', 'K', 'D' or 'R'), its expiry (4 bytes), then for P the
+-- lease's end (ms, decimal) and 'f' if flagged, for K, D and R the decision (R: a kept
+-- version of a URL that a newer one replaced; final, like D).
 local function record(v)  -- false when absent or past its time
   if not v then return false end
   local e = u32(v, 2)
@@ -283,7 +285,7 @@ for i = 2, #ARGV, 2 do
   local found = redis.call('HSETNX', bucket, field, pending) == 0  -- (most: absent, now PENDING)
   local v = found and record(redis.call('HGET', bucket, field))
   local s = v and string.sub(v, 1, 1) or ''
-  if s == 'K' or s == 'D' then
+  if s == 'K' or s == 'D' or s == 'R' then
     out[#out + 1] = {s, string.sub(v, 6)}
   else
     if found then  -- pending (a flag stays: it must read again before it may be kept), or gone
@@ -300,7 +302,7 @@ return out
 """
 
 # Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
-# saw it and goes on as if it were not there). Returns per key "K", "D", "P" (pending
+# saw it and goes on as if it were not there). Returns per key "K", "D", "R", "P" (pending
 # within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
 # or its record not written yet though its keys are).
 _PEEK = _FLAGS + _COMMON + """
@@ -360,6 +362,26 @@ end
 return out
 """
 
+# Records of kept versions a newer version of their URL replaced: KEEP -> R (the decision
+# stays, for re-deliveries), and the verification record in the index's Redis goes in the
+# same call (same hash tag). Returns per key "ok", or the state found (R: done before).
+_RETIRE = _FLAGS + _COMMON + """
+local out = {}
+for i = 1, #ARGV do
+  local key = ARGV[i]
+  local bucket, field = split(key)
+  local v = record(redis.call('HGET', bucket, field))
+  if v and string.sub(v, 1, 1) == 'K' then
+    redis.call('HSET', bucket, field, 'R' .. string.sub(v, 2))
+    redis.call('DEL', string.sub(key, 1, string.find(key, '}', 1, true)) .. 'D' .. field)
+    out[#out + 1] = 'ok'
+  else
+    out[#out + 1] = v and string.sub(v, 1, 1) or ''
+  end
+end
+return out
+"""
+
 # Records; the verification record of each (false: gone).
 _RECORDS = _FLAGS + """
 local out = {}
@@ -373,7 +395,7 @@ return out
 
 SCRIPTS = {name: src.replace("SWEEP_S", str(SWEEP_S)) for name, src in {
     "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "records": _RECORDS}.items()}
+    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS}.items()}
 
 
 def id_bytes(page_id: int) -> bytes:
@@ -382,7 +404,7 @@ def id_bytes(page_id: int) -> bytes:
 
 _TAGS = [b"{%d}" % shard for shard in range(SHARDS)]
 _SETS, _RECS = [tag + b"S" for tag in _TAGS], [tag + b"P" for tag in _TAGS]
-_RAW, _CANONICAL = b"r", b"c"
+_RAW, _CANONICAL, _URL = b"r", b"c", b"u"
 
 
 @dataclass(frozen=True)
@@ -411,8 +433,8 @@ class Layout:
         return _SETS[value % SHARDS] + bucket.to_bytes(3, "big") + kind + value.to_bytes(8, "big")
 
     def probe_shards(self, p: Probe) -> tuple[list[bytes], list[int]]:
-        """The entries a page joins (raw, canonical if it has text, one per feature), and
-        the shard (hash tag) of each."""
+        """The entries a page joins (raw, canonical if it has text, one per feature, its
+        URL's last if it has a URL key), and the shard (hash tag) of each."""
         values = [p.raw_fp]
         kinds = [_RAW]
         if p.canonical_fp is not None:
@@ -422,29 +444,48 @@ class Layout:
             features = p.features.tolist()
             values += features
             kinds += [b""] * len(features)
+        if p.url_key:
+            values.append(p.url_key)
+            kinds.append(_URL)
         keys = [self.set_key(k, v) for k, v in zip(kinds, values, strict=True)]
         return keys, [v % SHARDS for v in values]
 
 
 def encode_doc(doc: StoredDoc) -> bytes:
     """The verification record: what the decide step reads of a stored page."""
+    fetched = (doc.fetched_at or "").encode("utf-8", "replace")[:255]
     head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, doc.text_length, doc.sketch.shape[0],
-                          len(doc.ld_signature), len(doc.shingles))
+                          len(doc.ld_signature), len(doc.shingles), doc.url_key,
+                          doc.features.shape[0], len(fetched))
     return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
-                     doc.shingles, doc.url.encode("utf-8", "surrogatepass")))
+                     doc.shingles, doc.features.astype("<u8").tobytes(), fetched,
+                     doc.url.encode("utf-8", "surrogatepass")))
 
 
 def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
-    raw_fp, canonical_fp, text_length, n, n_sig, n_tops = _DOC_HEAD.unpack_from(raw)
+    raw_fp, canonical_fp, text_length, n, n_sig, n_tops, url_key, n_features, n_fetched = \
+        _DOC_HEAD.unpack_from(raw)
     pos = _DOC_HEAD.size
     sketch = np.frombuffer(raw, "<u4", n, pos).astype(np.uint32)
     pos += 4 * n
     sig = bytes(raw[pos : pos + n_sig])
     pos += n_sig
     tops = bytes(raw[pos : pos + n_tops])
-    url = raw[pos + n_tops :].decode("utf-8", "surrogatepass")
-    return StoredDoc(url, _NO_FEATURES, sketch, sig, text_length, raw_fp, canonical_fp, None,
-                     page_id, tops)
+    pos += n_tops
+    features = (np.frombuffer(raw, "<u8", n_features, pos).astype(np.uint64) if n_features
+                else _NO_FEATURES)
+    pos += 8 * n_features
+    fetched = raw[pos : pos + n_fetched].decode("utf-8", "replace") or None
+    url = raw[pos + n_fetched :].decode("utf-8", "surrogatepass")
+    return StoredDoc(url, features, sketch, sig, text_length, raw_fp, canonical_fp, fetched,
+                     page_id, tops, url_key)
+
+
+def doc_probe(doc: StoredDoc) -> Probe:
+    """A stored page's keys as its own probe gave them (to take them away: a replaced
+    version)."""
+    return Probe(doc.page_id, doc.raw_fp, doc.canonical_fp if doc.text_length > 0 else None,
+                 doc.features, doc.url_key)
 
 
 # A plain keep (most kept pages) is recorded in one byte: its id is the record's.
@@ -452,22 +493,32 @@ _UNIQUE, _SHORT = b"u", b"s"
 
 
 def encode_decision(d: Decision) -> bytes:
-    """What a re-delivery needs to get the same decision (its url and source are its own)."""
+    """What a re-delivery needs to get the same decision (its url, source and fetched_at
+    are its own: the page's)."""
     if (d.decision == "keep" and d.reason == "unique" and not d.shared_features
-            and d.resemblance is None and d.ld_estimate is None and d.jaccard is None):
+            and d.resemblance is None and d.ld_estimate is None and d.jaccard is None
+            and d.previous is None and d.payload_digest is None):
         return _SHORT if d.short else _UNIQUE
-    dup = d.duplicate_of
-    return _JSON.encode([d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
-                         d.shared_features, d.resemblance, d.ld_estimate, d.verified,
-                         d.short, d.jaccard]).encode()
+    dup, prev = d.duplicate_of, d.previous
+    row = [d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
+           d.shared_features, d.resemblance, d.ld_estimate, d.verified, d.short, d.jaccard]
+    if prev is not None or d.payload_digest is not None:  # recrawls
+        row += [prev and [prev.page_id, prev.url, prev.fetched_at, prev.match],
+                d.payload_digest]
+    return _JSON.encode(row).encode()
 
 
 def decode_decision(raw: bytes, page_id: int) -> Decision:
-    """A recorded decision, without the url and source (the re-delivered page has them)."""
+    """A recorded decision, without the url, source and fetched_at (the re-delivered page
+    has them)."""
     if raw in (_UNIQUE, _SHORT):
         return Decision(None, "keep", "unique", page_id=page_id, short=raw == _SHORT)
-    kind, reason, pid, dup_id, dup_url, shared, res, ld, verified, short, j = json.loads(raw)
+    row = json.loads(raw)
+    kind, reason, pid, dup_id, dup_url, shared, res, ld, verified, short, j = row[:11]
+    prev, digest = row[11:] if len(row) > 11 else (None, None)
     dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
     return Decision(None, kind, reason, page_id=pid, duplicate_of=dup,
                     shared_features=shared, resemblance=res, ld_estimate=ld, jaccard=j,
-                    verified=verified, short=short)
+                    verified=verified, short=short,
+                    previous=None if prev is None else Previous(*prev),
+                    payload_digest=digest)

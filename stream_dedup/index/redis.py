@@ -5,18 +5,21 @@ docs/scale-out.md; in short:
     register   every page of a batch: its record goes from absent to PENDING (with a
                lease); then, in the next round trip,
     join       each page's id joins the set of each of its keys (raw fingerprint,
-               canonical fingerprint, each feature), and the set is read in the same
-               script call: of two pages sharing a key, the one joining later sees the
-               other, whose record is PENDING at least. Then the record of every member
+               canonical fingerprint, each feature, its URL's key), and the set is read in
+               the same script call: of two pages sharing a key, the one joining later sees
+               the other, whose record is PENDING at least. Then the record of every member
                from another batch is read (peek):
-                 KEEP -> a stored page (the decide step may drop against it);
-                 DROP, or a lease run out -> nothing;
+                 KEEP -> a stored page (the decide step may drop against it; in the URL's
+                   set: the URL's version);
+                 DROP, R (a replaced version), or a lease run out -> nothing;
                  PENDING and younger than the page that saw it -> flagged: it must read
-                   again before it may be kept;
+                   again before a claim of it (keep or drop) holds;
                  PENDING and older -> this page waits (it is decided in a later round);
-    claim      a keep is a script on the page's own record: PENDING, unflagged and within
-               its lease -> KEEP (its verification record written before or with it), else
-               the page is decided again; a drop is recorded, and its id leaves its keys.
+    claim      on the page's own record: PENDING, unflagged and within its lease -> KEEP
+               (its verification record written before or with it) or DROP, else the page
+               is decided again; a dropped page's id leaves its keys. Then a new version
+               retires the one it replaces: KEEP -> R, its record deleted, its id out of
+               its keys.
 
 What is stored where, and the scripts the server runs: redis_layout.py; connecting and a
 round of script calls: redis_client.py.
@@ -32,7 +35,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..errors import IndexMismatchError, IndexUnavailable
+from ..errors import IndexUnavailable
 from ..models import position_id
 from .base import (
     WAIT,
@@ -49,7 +52,6 @@ from .redis_layout import (
     BUCKETS,
     FORMAT,
     SHARDS,
-    STAMP,
     Layout,
     decode_decision,
     decode_doc,
@@ -94,12 +96,15 @@ class RedisIndex(ScriptClient):
         # (decided again): the protocol at work, for benchmarks (and round_trips).
         self.waits = self.lost = 0
         self._waiting: dict[int, float] = {}  # page id -> when it first waited
-        # A final state never changes, nor a kept page's record: both are cached (bounded;
-        # a page gone by retention drops out when its record is found missing).
+        # Final states and kept pages' records are cached (bounded; a page gone by retention
+        # drops out when its record is found missing). A final state changes once only: a
+        # version replaced, KEEP -> R; a URL's set is peeked afresh (a stale KEEP elsewhere
+        # is a set read while the version was leaving it: docs/scale-out.md).
         self._final: OrderedDict[int, str] = OrderedDict()
         self._records: OrderedDict[int, StoredDoc] = OrderedDict()
         self._next_local = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
-        self._check_stamp()
+        self._check_stamp(f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}",
+                          self.stamp, self.layout.buckets)
         with self._call("stamp"):
             self._load_scripts()
         self._check_config()
@@ -534,31 +539,6 @@ class RedisIndex(ScriptClient):
                 for node, node_keys in by_node.items()]
 
     # --- plumbing ---------------------------------------------------------------------
-    def _check_stamp(self) -> None:
-        mine = f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}"
-        with self._call("stamp"):
-            self.client.set(STAMP, mine, nx=True)
-            stored = self.client.get(STAMP).decode("utf-8", "replace")
-        if stored == mine:
-            return
-        try:
-            stamp, shards, layout, *rest = (int(v) for v in stored.split(":"))
-        except ValueError:
-            raise IndexMismatchError(
-                f"the Redis at {self.url} holds something else at {STAMP.decode()} "
-                f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
-                "database") from None
-        if stamp != self.stamp:
-            why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings "
-                   f"give {self.stamp:#x}): features would not be comparable")
-        elif (shards, layout) != (SHARDS, FORMAT):
-            why = f"laid out by another version (shards {shards}, format {layout})"
-        else:
-            why = (f"made with --redis-buckets {rest[0] if rest else '?'} (these settings "
-                   f"give {self.layout.buckets}): every instance must use the same")
-        raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
-                                 "settings and version, or another Redis.")
-
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
         candidates of either tier, as decide.py ranks them (the batch's own pages never push

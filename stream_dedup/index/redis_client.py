@@ -22,8 +22,8 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from ..errors import ConfigError, IndexUnavailable
-from .redis_layout import LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SCRIPTS, SHARDS
+from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
+from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SCRIPTS, SHARDS, STAMP
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -156,6 +156,31 @@ class ScriptClient:
                         pos += n
             out.append(results)
         return out
+
+    def _check_stamp(self, mine: str, wanted: int, buckets: int) -> None:
+        """This index's stamp (sketch parameters, layout) is the one the Redis holds."""
+        with self._call("stamp"):
+            self.client.set(STAMP, mine, nx=True)
+            stored = self.client.get(STAMP).decode("utf-8", "replace")
+        if stored == mine:
+            return
+        try:
+            stamp, shards, layout, *rest = (int(v) for v in stored.split(":"))
+        except ValueError:
+            raise IndexMismatchError(
+                f"the Redis at {self.url} holds something else at {STAMP.decode()} "
+                f"({stored[:40]!r}): not a stream-dedup index; use another Redis or "
+                "database") from None
+        if stamp != wanted:
+            why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings "
+                   f"give {wanted:#x}): features would not be comparable")
+        elif (shards, layout) != (SHARDS, FORMAT):
+            why = f"laid out by another version (shards {shards}, format {layout})"
+        else:
+            why = (f"made with --redis-buckets {rest[0] if rest else '?'} (these settings "
+                   f"give {buckets}): every instance must use the same")
+        raise IndexMismatchError(f"the Redis index at {self.url} was {why}. Use the same "
+                                 "settings and version, or another Redis.")
 
     def _check_config(self) -> None:
         """Warn about settings that lose pages (eviction) or cost much more memory."""

@@ -134,6 +134,14 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
         Flag("ld_n", "LD signature window, characters", "N"),
     ],
+    "recrawls (a URL holds one version: a page whose URL has a kept version is unchanged, "
+    "or a changed version that replaces it; docs/reference.md)": [
+        Flag("url_ignore_params", "query parameters that do not make another URL, removed "
+             "before w3lib's canonicalize_url gives a URL's normal form (scheme and host "
+             "lower-cased, default port and fragment dropped, percent-encoding and query "
+             "order made uniform): names or patterns, comma-separated, e.g. 'utm_*,"
+             "sessionid,jsessionid,phpsessid'", "NAMES"),
+    ],
     "index (what the filter remembers)": [
         Flag("index", "memory (gone on exit), lsm (RocksDB on disk; restarts and crashes "
              "are invisible in the decisions) or redis (shared: every instance on the same "

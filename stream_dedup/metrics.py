@@ -41,9 +41,11 @@ from .errors import IndexUnavailable
 from .index.base import FeatureIndex
 from .models import CANONICAL as R_CANONICAL
 from .models import (
+    CHANGED,
     EXACT,
     NEAR,
     NEAR_VERIFIED,
+    UNCHANGED,
     UNIQUE,
     VERIFIED_DISTINCT,
     Decision,
@@ -188,7 +190,8 @@ class Metrics:
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),
-                                 ("drop", NEAR_VERIFIED)):
+                                 ("drop", NEAR_VERIFIED), ("keep", CHANGED),
+                                 ("drop", UNCHANGED)):
             self._children(decision, reason)
         self.bytes.labels("reject")
         self._confirmed = self._overturned = 0

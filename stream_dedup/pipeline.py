@@ -308,7 +308,8 @@ class Deduplicator:
                     later.append(k)
                 elif answer.prior is not None:  # a shared store decided it before
                     page = pages[k][1]
-                    out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source)
+                    out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source,
+                                               fetched_at=page.fetched_at)
                     fresh[pages[k][0]] = False
                     self.counters.redelivered += 1
                     self.observer.redelivered(answer.prior)

@@ -90,7 +90,8 @@ def test_every_warc_file_is_read_or_cleanly_rejected() -> None:
         if d.decision == "reject":
             assert d.error, d
         if d.short:  # short pages are only ever dropped by the exact layers
-            assert d.reason in ("unique", "exact", "canonical")
+            assert d.reason in ("unique", "exact", "canonical", "changed", "unchanged")
+            assert d.previous is None or d.previous.match in (None, "exact", "canonical")
     # the two aut files are the same 2008 crawl (ARC and WARC): the second copy is all dups
     aut_warc = [d for d in sink.decisions if "aut/example.warc.gz#" in (d.source or "")]
     if aut_warc:

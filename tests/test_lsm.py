@@ -139,8 +139,8 @@ def test_warm_from_is_refused_for_an_index_it_does_not_fill(index: str, tmp_path
 
 def test_warm_from_fills_the_memory_index_a_run_decides_against(tmp_path: Path) -> None:
     """`--warm-from DIR` through Settings (what replay and serve do): the pages the LSM
-    index holds are there, so they come back as exact copies (a refactor once left the
-    memory index empty, silently)."""
+    index holds are there, so they come back as unchanged versions of their URLs, and under
+    other URLs as exact copies (a refactor once left the memory index empty, silently)."""
     from stream_dedup.sample import build
 
     pages = [Page(p.url, p.html.encode()) for p in build(seed=3)]
@@ -152,5 +152,7 @@ def test_warm_from_fills_the_memory_index_a_run_decides_against(tmp_path: Path) 
     assert len(warm.index) == len(kept) > 0
     again = warm.check_batch(pages)
     assert {d.decision for d in again} == {"drop"}
-    assert {d.reason for d in again if d.url in kept} == {"exact"}
+    assert {d.reason for d in again if d.url in kept} == {"unchanged"}
+    moved = warm.check_batch([Page(p.url + "?copy", p.body) for p in pages if p.url in kept])
+    assert {d.reason for d in moved} == {"exact"}
     warm.close()

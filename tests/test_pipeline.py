@@ -323,7 +323,7 @@ def test_a_source_that_never_redelivers_is_never_answered_from_memory() -> None:
     page = Page("http://a/1", _html(_article(rng)).encode(), source="a.warc.gz#1")
     first = dd.check_batch([page], redeliveries=False)[0]
     again = dd.check_batch([page], redeliveries=False)[0]
-    assert (first.decision, again.decision, again.reason) == ("keep", "drop", "exact")
+    assert (first.decision, again.decision, again.reason) == ("keep", "drop", "unchanged")
     assert dd.snapshot()["redelivered"] == 0 and len(dd.index) == 1
 
 

@@ -179,3 +179,20 @@ def test_revisit_records(make_dedup) -> None:  # type: ignore[no-untyped-def]
     assert (unknown.decision, unknown.reason) == ("reject", "revisit-unknown")
     assert unknown.error is not None and "http://r/3" in unknown.error
     assert len(dd.index) == 1
+
+
+def test_the_memory_index_lets_go_of_replaced_versions() -> None:
+    """A URL's replaced versions leave the memory index's maps at the next flush or merge:
+    what is held grows with URLs, not with fetches."""
+    rng = random.Random(6)
+    dd = Deduplicator(Settings(bands=5))
+    urls = [f"https://v.example/{i}" for i in range(40)]
+    for _ in range(50):  # 2,000 kept versions of 40 URLs
+        dd.check_batch([Page(u, _html([rng.choice(WORDS) for _ in range(120)])) for u in urls])
+    stats = dd.index.stats()
+    assert stats["pages"] == len(dd.index) == 40
+    assert stats["feature_entries"] < 0.3 * 2000 * 11  # 6 features, 5 band keys a page
+    small = (*dd.index._exact, dd.index._urls)  # 2,000 entries each, in their memtables
+    for entries in small:
+        entries.flush()
+    assert [len(m) for m in small] == [40, 40, 40]

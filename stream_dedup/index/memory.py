@@ -429,11 +429,12 @@ class DocArena:
     """Kept pages' records as columns, not objects: per page, its two fingerprints, a fixed
     row (id, text length, where its URL ends) and its URL in RAM; what only verification
     reads, its sketch (4 bytes a min-hash), its shingle set (a u32 length, then 4 bytes a
-    shingle), its crawl time (a length byte, then UTF-8) and its LD signature, as one byte string in a _RecordFile on disk
-    (`records_dir`: where), or with `records_dir` None in _RamRecords, end to end in RAM
-    (each keeps where a row ends: 8 bytes a row). A StoredDoc per page cost ~1.1 KB of
-    Python objects (bench/memory.py). Reading a row builds its StoredDoc (what verification
-    reads; the page's features live in the index, not here)."""
+    shingle), its crawl time (a length byte, then UTF-8) and its LD signature, as one byte
+    string in a _RecordFile on disk (`records_dir`: where), or with `records_dir` None in
+    _RamRecords, end to end in RAM (each keeps where a row ends: 8 bytes a row). A
+    StoredDoc per page cost ~1.1 KB of Python objects (bench/memory.py). Reading a row
+    builds its StoredDoc (what verification reads; the page's features live in the index,
+    not here)."""
 
     def __init__(self, records_dir: str | None = None) -> None:
         self._rows = _Column(_ROW)

@@ -99,8 +99,8 @@ def _http(body: bytes, content_type: str) -> bytes:
 
 
 def write_warc(pages: list[SamplePage], path: Path) -> None:
-    """A gzipped WARC: a response per page, plus a non-HTML response and a revisit record
-    that replay must skip and count."""
+    """A gzipped WARC: a response per page, plus a non-HTML response that replay must skip
+    and count, and a revisit record of the first page (decided: unchanged)."""
     with open(path, "wb") as fh:
         for page in pages:
             fh.write(_warc_record("response", page.url,

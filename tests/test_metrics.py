@@ -79,7 +79,8 @@ def test_metrics_count_what_was_decided() -> None:
     # the kept pages' sketches, shingle sets and LD signatures, in the memory index's file
     held = [dd.index.doc(row) for row in range(len(dd.index))]
     assert samples(text, "stream_dedup_index_record_file_bytes")[""] == sum(
-        4 * d.sketch.shape[0] + 4 + len(d.shingles) + len(d.ld_signature) for d in held)
+        4 * d.sketch.shape[0] + 4 + len(d.shingles) + len(d.ld_signature)
+        + 1 + len(d.fetched_at or "") for d in held)
 
 
 def test_precision_is_nan_before_any_verification() -> None:

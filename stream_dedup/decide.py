@@ -20,6 +20,9 @@ recrawl, compared with that version first:
         replaces the version (Verdict.replaces) in the index
     a WARC revisit record: "unchanged" against the version of the URL it refers to, else
         rejected ("revisit-unknown")
+    a fetch older than the URL's version and not the same (by page id, when ids are
+        input positions, which sort by time): drop "superseded" (it arrived late: another
+        partition, an instance behind); the newer version stays
 
 Verification: the exact Jaccard of the shingle sets (verify_exact, when both pages have
 one) at verify_min_jaccard, else the sketch's estimate at the tier's bar; and Coates'
@@ -53,6 +56,8 @@ from .models import (
     EXACT,
     NEAR,
     NEAR_VERIFIED,
+    SUPERSEDED,
+    TIMED_IDS,
     UNCHANGED,
     UNIQUE,
     VERIFIED_DISTINCT,
@@ -198,6 +203,9 @@ def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s
     same = _same_version(a, version, prev, docs, overlay, s)
     if same is not None:
         return same
+    if keep_ids and prev.page_id > pid >= TIMED_IDS:  # a late fetch: the version is newer
+        return Verdict(Decision(a.page.url, "drop", SUPERSEDED, source=a.page.source,
+                                fetched_at=a.page.fetched_at, previous=_previous(prev)))
     v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version)
     if v.decision is not None and v.decision.decision == "drop":  # a copy of another URL
         v.decision = replace(v.decision, previous=_previous(prev))

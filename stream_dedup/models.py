@@ -23,6 +23,7 @@ VERIFIED_DISTINCT = "verified-distinct"
 # new version of the URL that replaces it in the index.
 UNCHANGED = "unchanged"
 CHANGED = "changed"
+SUPERSEDED = "superseded"  # a fetch older than the URL's kept version, which differs
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,11 @@ class Page:
             if key.lower() == lname:
                 return value
         return None
+
+
+# Page ids from here up carry a time (`position_id` of a record with a timestamp); below,
+# they are local counters (replay, the library), which say nothing against a position.
+TIMED_IDS = 1 << 56
 
 
 def position_id(timestamp_ms: int, partition: int, offset: int) -> int:

@@ -196,3 +196,44 @@ def test_the_memory_index_lets_go_of_replaced_versions() -> None:
     for entries in small:
         entries.flush()
     assert [len(m) for m in small] == [40, 40, 40]
+
+
+def test_a_late_fetch_does_not_replace_a_newer_version(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """Ids that are input positions sort by time: a fetch older than the URL's version
+    (another partition behind) is unchanged if it is the same, else superseded; the newer
+    version stays."""
+    from stream_dedup.models import position_id
+
+    rng = random.Random(8)
+    old, new = ([rng.choice(WORDS) for _ in range(250)] for _ in range(2))
+    at = 1_780_000_000_000
+    dd = make_dedup()
+    kept = dd.check(Page("http://l/1", _html(new), position=position_id(at + 60_000, 1, 9)))
+    late = dd.check(Page("http://l/1", _html(old), position=position_id(at, 0, 4)))
+    assert _reason(late) == ("drop", "superseded")
+    assert late.previous is not None and late.previous.page_id == kept.page_id
+    same = dd.check(Page("http://l/1", _html(new), position=position_id(at + 1, 0, 5)))
+    assert _reason(same) == ("drop", "unchanged")
+    newer = dd.check(Page("http://l/1", _html(old), position=position_id(at + 120_000, 0, 6)))
+    assert _reason(newer) == ("keep", "changed") and len(dd.index) == 1
+
+
+def test_the_url_map_survives_a_restart(tmp_path: Path) -> None:
+    """LSM: the URL's version, and a replacement, are committed with the pages."""
+    rng = random.Random(9)
+    a, b = ([rng.choice(WORDS) for _ in range(250)] for _ in range(2))
+    settings = Settings(index="lsm", index_path=str(tmp_path / "idx"))
+    first = Deduplicator(settings)
+    first.check(Page("http://p/1", _html(a)))
+    first.commit()
+    first.close()
+    second = Deduplicator(settings)
+    assert _reason(second.check(Page("http://p/1", _html(a)))) == ("drop", "unchanged")
+    assert _reason(second.check(Page("http://p/1", _html(b)))) == ("keep", "changed")
+    second.commit()
+    second.close()
+    third = Deduplicator(settings)
+    assert len(third.index) == 1
+    assert _reason(third.check(Page("http://q/1", _html(a)))) == ("keep", "unique")
+    assert _reason(third.check(Page("http://p/1", _html(b)))) == ("drop", "unchanged")
+    third.close()

@@ -164,6 +164,34 @@ def test_pages_in_decisions_out(kafka_bootstrap: str, service) -> None:  # type:
     assert "stopped after" in svc.text()
 
 
+def test_recrawls_over_kafka(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+    """A URL fetched again: unchanged pages stay off the kept topic, a new version goes to
+    it, and every decision says which version it was compared with."""
+    t = names()
+    create_topics(kafka_bootstrap, [t["input"]], partitions=1)
+    v1, v2 = (" ".join(f"{tag}{k}x" for k in range(300)) for tag in ("w", "v"))
+    fetches = [("https://r.example/a", v1, "2026-11-01T00:00:00Z"),
+               ("https://r.example/a#top", v1, "2026-11-02T00:00:00Z"),
+               ("https://r.example/a", v2, "2026-11-03T00:00:00Z"),
+               ("https://R.example:443/a", v2, "2026-11-04T00:00:00Z")]
+    kcat_produce(kafka_bootstrap, t["input"], [(url, json.dumps(
+        {"url": url, "html": f"<p>{text}</p>", "fetched_at": when}).encode())
+        for url, text, when in fetches])
+    svc = service(t, "--batch-size", "2")
+    wait_for("decisions", lambda: len(kcat_consume(kafka_bootstrap, t["decisions"])) >= 4)
+    assert svc.stop() == 0
+    got = decisions_of(kafka_bootstrap, t["decisions"])
+    assert [(d["decision"], d["reason"]) for d in got] == [
+        ("keep", "unique"), ("drop", "unchanged"), ("keep", "changed"), ("drop", "unchanged")]
+    assert [d["fetched_at"] for d in got] == [when for _, _, when in fetches]
+    assert got[1]["previous"]["page_id"] == got[2]["previous"]["page_id"] == got[0]["page_id"]
+    assert got[3]["previous"]["page_id"] == got[2]["page_id"]
+    assert got[1]["payload_digest"].startswith("sha1:")
+    kept = kcat_consume(kafka_bootstrap, t["kept"])
+    assert [json.loads(m["payload"])["fetched_at"] for m in kept] == [
+        fetches[0][2], fetches[2][2]]
+
+
 def test_missing_topics_are_created_at_start_and_said(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     """No topic exists yet: serve creates all four before it subscribes, one line each, and
     the first page goes through without an ERROR about missing metadata."""

@@ -16,8 +16,8 @@ numpy views on `bytes` objects (what the native kernels return: 88 and 336 bytes
 shingle set for exact verification (--shingle-bytes, 4 a shingle: the long WARC pages' mean
 is 4,416 B with sets sampled past 8,192 shingles, 7,644 B whole; random values), a 300-byte
 LD signature (the WARC pages' mean is 316 B for a 9,400-character text at c = 32; 115 equally
-likely byte values, the entropy of theirs), a 60-character URL (WARC mean 61), a 20-character `fetched_at`,
-64-bit raw and canonical fingerprints (Python ints), text_length 9,400, the page id.
+likely byte values, the entropy of theirs), a 60-character URL (WARC mean 61), a
+20-character `fetched_at`, 64-bit raw and canonical fingerprints (Python ints), text_length 9,400, the page id.
 
 Measured in the child: VmRSS after minus before (gc'd both times; the index is not flushed,
 as in the service), again after `malloc_trim(0)`, and peak (VmHWM) minus before; pages/s
@@ -64,7 +64,14 @@ from benchlib import proc_status, table  # noqa: E402
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.index import MemoryIndex, StoredDoc  # noqa: E402
 from stream_dedup.index.base import Claim, Probe  # noqa: E402
-from stream_dedup.index.memory import DocArena  # noqa: E402
+from stream_dedup.index.arena import DocArena  # noqa: E402
+
+try:
+    from stream_dedup.core.urls import UrlKeys  # noqa: E402
+
+    URL_KEYS: Any = UrlKeys()
+except ImportError:  # a checkout before issue 26 (recrawls): no URL map
+    URL_KEYS = None
 
 CHUNK = 10_000
 RING = 65_536
@@ -124,12 +131,15 @@ class Pages:
             features = np.frombuffer(fbytes[i * kb : i * kb + kb], dtype=np.uint64)
             sketch = np.frombuffer(blob[o : o + 336], dtype=np.uint32)
             raw_fp, canonical_fp = fps[i]
-            probes.append(Probe(pid, raw_fp, canonical_fp, features))
+            url = f"https://www.site-{pid % 5000:04d}.example.com/news/2026/11/article-{pid}.html"
+            # Every page a URL of its own: the URL map holds an entry a page (issue 26;
+            # a checkout before it has no URL map, and these are left out)
+            key = {"url_key": URL_KEYS.key(url)} if URL_KEYS is not None else {}
+            probes.append(Probe(pid, raw_fp, canonical_fp, features, **key))
             docs.append(StoredDoc(
-                f"https://www.site-{pid % 5000:04d}.example.com/news/2026/11/article-{pid}.html",
-                features, sketch, sigs[i * SIG_BYTES : (i + 1) * SIG_BYTES], TEXT_LENGTH,
+                url, features, sketch, sigs[i * SIG_BYTES : (i + 1) * SIG_BYTES], TEXT_LENGTH,
                 raw_fp, canonical_fp, f"{stamp}{pid % 60:02d}Z", pid,
-                sets[i * sb : (i + 1) * sb],
+                sets[i * sb : (i + 1) * sb], **key,
             ))
         ring_at = np.arange(lo, lo + m) % RING
         self.ring[ring_at] = feats

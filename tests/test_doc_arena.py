@@ -14,9 +14,10 @@ import pytest
 
 from stream_dedup import Settings
 from stream_dedup.errors import ConfigError, IndexStoreError
-from stream_dedup.index import index_for, memory
+from stream_dedup.index import arena as records
+from stream_dedup.index import index_for
+from stream_dedup.index.arena import DocArena
 from stream_dedup.index.base import StoredDoc
-from stream_dedup.index.memory import DocArena
 
 
 def _doc(i: int, width: int = 84) -> StoredDoc:
@@ -44,11 +45,11 @@ def test_rows_come_back_as_stored_across_chunks(monkeypatch: pytest.MonkeyPatch,
                                                 write_behind: int) -> None:
     """Rows read back from RAM, from the file, and from the record file's buffer (written
     in pieces of ~3,000 bytes, or not yet at all)."""
-    monkeypatch.setattr(memory, "_WRITE_BEHIND", write_behind)
-    monkeypatch.setattr(memory, "_SHIFT", 4)
-    monkeypatch.setattr(memory, "_CHUNK", 16)
-    monkeypatch.setattr(memory, "_AT", 15)
-    monkeypatch.setattr(memory, "_IOV_MAX", 5)  # a batch in several pwritev calls
+    monkeypatch.setattr(records, "_WRITE_BEHIND", write_behind)
+    monkeypatch.setattr(records, "_SHIFT", 4)
+    monkeypatch.setattr(records, "_CHUNK", 16)
+    monkeypatch.setattr(records, "_AT", 15)
+    monkeypatch.setattr(records, "_IOV_MAX", 5)  # a batch in several pwritev calls
     docs = [_doc(i) for i in range(100)]
     arena = DocArena(str(tmp_path) if on_disk else None)
     for start, end in ((0, 1), (1, 15), (15, 16), (16, 50), (50, 50), (50, 100)):
@@ -75,8 +76,8 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
     """The disk full while writing a batch: that batch raises and is not added (part of it
     was written); the rows before it still read back, and the next batch, once there is
     room, lands where it belongs."""
-    monkeypatch.setattr(memory, "_IOV_MAX", 4)
-    monkeypatch.setattr(memory, "_WRITE_BEHIND", 0)  # every batch written at once
+    monkeypatch.setattr(records, "_IOV_MAX", 4)
+    monkeypatch.setattr(records, "_WRITE_BEHIND", 0)  # every batch written at once
     docs = [_doc(i) for i in range(1, 60)]
     arena = DocArena(str(tmp_path))
     arena.extend(docs[:20])
@@ -85,7 +86,7 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
     def short(fd: int, views: list[memoryview], offset: int) -> int:
         return real(fd, [bytes(b"".join(views))[:50]], offset)  # 50 bytes a call at most
 
-    monkeypatch.setattr(memory.os, "pwritev", short)
+    monkeypatch.setattr(records.os, "pwritev", short)
     arena.extend(docs[20:25])  # short writes are continued where they stopped
     assert all(_same(arena[i], docs[i]) for i in range(25))
 
@@ -95,12 +96,12 @@ def test_a_failed_write_adds_nothing_and_loses_nothing(monkeypatch: pytest.Monke
             return real(fd, [views[0][:7]] if calls[0] == 1 else views, offset)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(memory.os, "pwritev", full)
+    monkeypatch.setattr(records.os, "pwritev", full)
     with pytest.raises(IndexStoreError, match="No space left.*--memory-records-dir"):
         arena.extend(docs[25:40])
     assert len(arena) == 25 and calls[0] == 3
     assert all(_same(arena[i], docs[i]) for i in range(25))
-    monkeypatch.setattr(memory.os, "pwritev", real)
+    monkeypatch.setattr(records.os, "pwritev", real)
     held = len(arena)
     arena.extend(docs[held:])
     assert len(arena) == 59 and all(_same(arena[i], docs[i]) for i in range(59))
@@ -114,15 +115,15 @@ def test_a_failed_write_of_the_buffer_keeps_its_rows(monkeypatch: pytest.MonkeyP
     write, in order."""
     docs = [_doc(i) for i in range(1, 40)]
     arena = DocArena(str(tmp_path))
-    monkeypatch.setattr(memory, "_WRITE_BEHIND", 10**9)
+    monkeypatch.setattr(records, "_WRITE_BEHIND", 10**9)
     arena.extend(docs[:10])
     real, written = os.pwritev, []
 
     def full(fd: int, views: list[memoryview], offset: int) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(memory.os, "pwritev", full)
-    monkeypatch.setattr(memory, "_WRITE_BEHIND", 1)
+    monkeypatch.setattr(records.os, "pwritev", full)
+    monkeypatch.setattr(records, "_WRITE_BEHIND", 1)
     with pytest.raises(IndexStoreError, match="No space left"):
         arena.extend(docs[10:12])
     assert len(arena) == 10 and all(_same(arena[i], docs[i]) for i in range(10))
@@ -131,17 +132,17 @@ def test_a_failed_write_of_the_buffer_keeps_its_rows(monkeypatch: pytest.MonkeyP
         written.append((offset, sum(map(len, views))))
         return real(fd, views, offset)
 
-    monkeypatch.setattr(memory.os, "pwritev", counted)
+    monkeypatch.setattr(records.os, "pwritev", counted)
     arena.extend(docs[10:20])
     assert written == [(0, arena.nbytes["on_disk"])]  # the buffer and the batch, at once
-    monkeypatch.setattr(memory.os, "pwritev", full)  # now read from the file, not the buffer
+    monkeypatch.setattr(records.os, "pwritev", full)  # now read from the file, not the buffer
     assert len(arena) == 20 and all(_same(arena[i], docs[i]) for i in range(20))
     arena.close()
 
 
 def test_where_the_records_go_is_a_setting(tmp_path: Path) -> None:
     ram = index_for(Settings(memory_records="ram"))
-    assert isinstance(ram._docs._records, memory._RamRecords)
+    assert isinstance(ram._docs._records, records._RamRecords)
     ram.close()
     disk = index_for(Settings(memory_records_dir=str(tmp_path)))
     assert disk._docs._records._where == str(tmp_path)
@@ -168,14 +169,14 @@ def test_the_record_file_is_not_put_in_ram_by_default(monkeypatch: pytest.Monkey
     """/tmp is a tmpfs on many systems (the file would take RAM there): the default is
     $TMPDIR, else /var/tmp; a directory that lives in RAM is named in a warning."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    assert memory.records_home("") == str(tmp_path)
-    assert memory.records_home("/elsewhere") == "/elsewhere"
+    assert records.records_home("") == str(tmp_path)
+    assert records.records_home("/elsewhere") == "/elsewhere"
     monkeypatch.delenv("TMPDIR")
     if os.access("/var/tmp", os.W_OK | os.X_OK):
-        assert memory.records_home("") == "/var/tmp"
+        assert records.records_home("") == "/var/tmp"
     if not os.path.ismount("/dev/shm"):  # (Linux mounts a tmpfs there)
         pytest.skip("no /dev/shm here")
-    assert memory.in_ram("/dev/shm") == "tmpfs"
+    assert records.in_ram("/dev/shm") == "tmpfs"
     arena = DocArena("/dev/shm")
     assert "/dev/shm, a tmpfs: it takes RAM" in caplog.text
     arena.close()

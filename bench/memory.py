@@ -16,8 +16,9 @@ numpy views on `bytes` objects (what the native kernels return: 88 and 336 bytes
 shingle set for exact verification (--shingle-bytes, 4 a shingle: the long WARC pages' mean
 is 4,416 B with sets sampled past 8,192 shingles, 7,644 B whole; random values), a 300-byte
 LD signature (the WARC pages' mean is 316 B for a 9,400-character text at c = 32; 115 equally
-likely byte values, the entropy of theirs), a 60-character URL (WARC mean 61), a
-20-character `fetched_at`, 64-bit raw and canonical fingerprints (Python ints), text_length 9,400, the page id.
+likely byte values, the entropy of theirs), a 60-character URL (WARC mean 61, each page a
+URL of its own), a 20-character `fetched_at`, 64-bit raw and canonical fingerprints (Python
+ints), text_length 9,400, the page id.
 
 Measured in the child: VmRSS after minus before (gc'd both times; the index is not flushed,
 as in the service), again after `malloc_trim(0)`, and peak (VmHWM) minus before; pages/s
@@ -63,8 +64,8 @@ from benchlib import proc_status, table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
 from stream_dedup.index import MemoryIndex, StoredDoc  # noqa: E402
-from stream_dedup.index.base import Claim, Probe  # noqa: E402
 from stream_dedup.index.arena import DocArena  # noqa: E402
+from stream_dedup.index.base import Claim, Probe  # noqa: E402
 
 try:
     from stream_dedup.core.urls import UrlKeys  # noqa: E402
@@ -227,6 +228,9 @@ def child_memory(n: int, batch: int, dup_share: float, floor: float, records: st
         "candidates_found": found,
         "feature_bytes": index._features.nbytes(),
         "exact_bytes": sum(m.nbytes() for m in index._exact),
+        # the URL map and the replaced rows' bits (issue 26; none before it)
+        "url_bytes": (index._urls.nbytes() + len(index._retired)) if hasattr(index, "_urls")
+        else 0,
         "docs_list_bytes": 0 if columns else sys.getsizeof(index._docs),
         "doc_store_nbytes": stats["doc_store_bytes"],
         "parts": ({f"records as columns: {part}": (b / reached, b / reached)
@@ -282,7 +286,8 @@ def memory_tables(results: list[dict[str, Any]]) -> str:
         n = r["pages"]
         rows.append([f"{n:,}", r["records"], n / r["seconds"], r["rss_delta"] / n,
                      r["rss_trimmed"] / n, r["peak_delta"] / 2**20,
-                     (r["feature_bytes"] + r["exact_bytes"]) / n, r["doc_store_nbytes"] / n,
+                     (r["feature_bytes"] + r["exact_bytes"] + r.get("url_bytes", 0)) / n,
+                     r["doc_store_nbytes"] / n,
                      r["record_file_bytes"] / n, r["read_us"]])
     out = table(["pages held", "--memory-records", "pages/s (lookup + claim + commit)",
                  "RSS Δ B/page", "… after malloc_trim", "peak RSS Δ MiB",
@@ -294,6 +299,8 @@ def memory_tables(results: list[dict[str, Any]]) -> str:
             ["feature table (SortedRunMultimap nbytes)", r["feature_bytes"] / n,
              r["feature_bytes"] / n],
             ["exact layers, raw + canonical (nbytes)", r["exact_bytes"] / n, r["exact_bytes"] / n],
+            ["URL map and replaced-row bits (nbytes)", r.get("url_bytes", 0) / n,
+             r.get("url_bytes", 0) / n],
             ["_docs list (pointer array)", r["docs_list_bytes"] / n, r["docs_list_bytes"] / n],
         ]
         parts += [[k, a, b] for k, (a, b) in r["parts"].items()]

@@ -298,10 +298,11 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
                     else (stored + mine)[-s.max_posting:]
                     for key, stored in zip(keys, postings, strict=True)]
     found = near_candidates(postings, s.groups, s.threshold)
-    weak = weak_candidates(postings, s.groups) if not found and s.verify_single_feature else []
-    if version is not None or overlay.retired:  # neither the URL's version nor a replaced one
-        gone = overlay.retired | {version}
+    gone = overlay.retired | {version} if version is not None else overlay.retired
+    if gone:  # neither the URL's version nor one replaced in this batch is a candidate
         found = [c for c in found if c[0] not in gone]
+    weak = weak_candidates(postings, s.groups) if not found and s.verify_single_feature else []
+    if gone and weak:
         weak = [c for c in weak if c[0] not in gone]
     if weak:  # a drop reports the features shared
         started = perf_counter()

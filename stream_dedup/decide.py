@@ -200,7 +200,7 @@ def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s
     if version is None:
         return _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, None)
     prev = docs[version]
-    same = _same_version(a, version, prev, docs, overlay, s)
+    same = _same_version(a, version, prev, answer, docs, overlay, s)
     if same is not None:
         return same
     if keep_ids and prev.page_id > pid >= TIMED_IDS:  # a late fetch: the version is newer
@@ -216,16 +216,21 @@ def _previous(prev: StoredDoc, match: str | None = None) -> Previous:
     return Previous(prev.page_id, prev.url, prev.fetched_at, match)
 
 
-def _same_version(a: Analysis, version: int, prev: StoredDoc, docs: _Docs, overlay: Overlay,
-                  s: Settings) -> Verdict | None:
+def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, docs: _Docs,
+                  overlay: Overlay, s: Settings) -> Verdict | None:
     """`unchanged` when the page is its URL's kept version again: the same bytes, the same
     canonical text, or a near-duplicate of it by the verification any near-duplicate gets;
-    None: a new version (or Verdict(None): only fingerprinted, analyse it first)."""
-    if a.raw_fp == prev.raw_fp:
+    None: a new version (or Verdict(None): only fingerprinted, analyse it first). A stored
+    version is the same bytes or text when the index found it by the page's fingerprint (a
+    stored record may hold only part of its fingerprints); a page of this batch, when its
+    fingerprints are the page's."""
+    mine = version >= OVERLAY
+    if a.raw_fp == prev.raw_fp if mine else answer.raw == version:
         return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, EXACT)
     if a.canonical_fp is None:
         return Verdict(None)
-    if a.text_length > 0 and prev.text_length > 0 and a.canonical_fp == prev.canonical_fp:
+    if a.text_length > 0 and prev.text_length > 0 and (
+            a.canonical_fp == prev.canonical_fp if mine else answer.canonical == version):
         return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, CANONICAL)
     if a.shingle_count < s.min_shingles or a.sketch is None or prev.sketch.shape[0] == 0:
         return None

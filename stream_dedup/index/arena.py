@@ -262,7 +262,9 @@ class DocArena:
 
     def __init__(self, records_dir: str | None = None) -> None:
         self._rows = _Column(_ROW)
-        self._fps = _Column(np.uint64, 2)  # raw, canonical: the exact layers read them most
+        # raw, canonical: their top 32 bits (the exact layers' keys are the low 32 bits, so
+        # a key's hit and these make the whole fingerprint)
+        self._fps = _Column(np.uint32, 2)
         self._urls = _Bytes()
         self._records = _RamRecords() if records_dir is None else _RecordFile(records_dir)
         self._width = 0  # min-hashes a sketch: the first sketch stored says
@@ -286,7 +288,8 @@ class DocArena:
         self._records.extend(records)  # first: a write that fails leaves the arena as it was
         rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
                                                     for d in docs])
-        self._fps.extend(np.array([(d.raw_fp, d.canonical_fp) for d in docs], np.uint64))
+        self._fps.extend(np.array([(d.raw_fp >> 32, d.canonical_fp >> 32) for d in docs],
+                                  np.uint32))
         for name, values in (
                 ("id_high", [d.page_id >> 64 for d in docs]),
                 ("id_low", [d.page_id & 0xFFFFFFFFFFFFFFFF for d in docs]),
@@ -300,8 +303,8 @@ class DocArena:
         start = chunk[at - 1].item()[3] if at else 0
         return self._urls.get(row, start, chunk[at].item()[3]).decode("utf-8", "surrogatepass")
 
-    def fingerprint(self, row: int, layer: int) -> int:
-        """The row's RAW or CANONICAL fingerprint."""
+    def fingerprint_high(self, row: int, layer: int) -> int:
+        """The top 32 bits of the row's RAW or CANONICAL fingerprint."""
         return int(self._fps.chunks[row >> _SHIFT][row & _AT, layer])
 
     def __getitem__(self, row: int) -> StoredDoc:
@@ -310,7 +313,7 @@ class DocArena:
         chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
         high, low, text_length, url_end, sketched = chunk[at].item()
         url_start = chunk[at - 1].item()[3] if at else 0
-        raw_fp, canonical_fp = self._fps.chunks[row >> _SHIFT][at].tolist()
+        raw_fp, canonical_fp = (high << 32 for high in self._fps.chunks[row >> _SHIFT][at].tolist())
         record = self._records.get(row)
         split = 4 * self._width if sketched else 0
         sketch = np.frombuffer(record, "<u4", split // 4).astype(np.uint32) if sketched \

@@ -43,6 +43,8 @@ class StoredDoc:
     sketch: np.ndarray  # uint32[k*s]
     ld_signature: bytes
     text_length: int
+    # A stored page's fingerprints may hold their top 32 bits only (the memory index keeps
+    # no more): compare a page with a stored one through the index's answer (raw, canonical)
     raw_fp: int
     canonical_fp: int
     fetched_at: str | None = None

@@ -259,7 +259,7 @@ class MemoryIndex(LocalIndex):
         """The first row with this RAW or CANONICAL fingerprint (32-bit keys: confirmed
         against the record's full fingerprint)."""
         for row in self._exact[layer].values(fingerprint):
-            if self._docs.fingerprint(row, layer) == fingerprint and not (
+            if self._docs.fingerprint_high(row, layer) == fingerprint >> 32 and not (
                     self._n_retired and self._gone(row)):
                 return row
         return None

@@ -57,13 +57,14 @@ class SortedRunMultimap:
     capped per key."""
 
     def __init__(self, cap: int, keep: str = "last",
-                 dead: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+                 dead: Callable[[np.ndarray], np.ndarray | None] | None = None) -> None:
         if keep not in ("first", "last"):
             raise ValueError("keep must be 'first' or 'last'")
         self.cap = cap
         self.keep = keep
-        # Which values are gone (a bool mask of a uint32 array): dropped when runs are made
-        # and merged, so removed pages cost nothing once their entries reach a merge.
+        # Which values are gone (a bool mask of a uint32 array; None: none is): dropped when
+        # runs are made and merged, so removed pages cost nothing once their entries reach a
+        # merge.
         self.dead = dead
         # key -> its one value, or a list of them (oldest first): most keys are seen once,
         # and an int is no container for the garbage collector to track.
@@ -160,9 +161,9 @@ class SortedRunMultimap:
             vals = np.fromiter((v for k in self._mem for v in self._mem_values(k)), np.uint32, n)
         self._mem.clear()
         self._mem_entries = 0
-        if self.dead is not None:
-            alive = ~self.dead(vals)
-            keys, vals = keys[alive], vals[alive]
+        gone = None if self.dead is None else self.dead(vals)
+        if gone is not None:
+            keys, vals = keys[~gone], vals[~gone]
         order = np.argsort(keys, kind="stable")
         self._runs.append((keys[order], vals[order]))
         while len(self._runs) >= 2 and self._runs[-1][0].shape[0] * 4 >= self._runs[-2][0].shape[0]:
@@ -175,9 +176,9 @@ class SortedRunMultimap:
     ) -> tuple[np.ndarray, np.ndarray]:
         keys = np.concatenate((older[0], newer[0]))
         vals = np.concatenate((older[1], newer[1]))
-        if self.dead is not None:
-            alive = ~self.dead(vals)
-            keys, vals = keys[alive], vals[alive]
+        gone = None if self.dead is None else self.dead(vals)
+        if gone is not None:
+            keys, vals = keys[~gone], vals[~gone]
         order = np.argsort(keys, kind="stable")  # stable: older ids stay before newer ones
         keys, vals = keys[order], vals[order]
         if keys.shape[0] == 0:
@@ -242,11 +243,12 @@ class MemoryIndex(LocalIndex):
     def _gone(self, row: int) -> int:
         return self._retired[row >> 3] >> (row & 7) & 1
 
-    def _dead_mask(self, rows: np.ndarray) -> np.ndarray:
+    def _dead_mask(self, rows: np.ndarray) -> np.ndarray | None:
         if not self._n_retired:
-            return np.zeros(rows.shape[0], bool)
+            return None
         bits = np.frombuffer(bytes(self._retired), np.uint8)
-        return (bits[rows >> 3] >> (rows & 7) & 1).astype(bool)
+        gone = (bits[rows >> 3] >> (rows & 7) & 1).astype(bool)
+        return gone if gone.any() else None
 
     def postings(self, features: np.ndarray) -> list[list[int]]:
         lists = self._features.postings(features)

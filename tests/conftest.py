@@ -1,7 +1,7 @@
 """Shared fixtures. Broker tests talk to a real Apache Kafka broker (deploy/kafka-local),
 Redis tests to a real Redis Cluster of 3 masters (deploy/redis-local).
 
-If STREAM_DEDUP_TEST_BOOTSTRAP / STREAM_DEDUP_TEST_REDIS are set (as .ci/run does) the tests
+If STREAM_DEDUP_TEST_BOOTSTRAP / STREAM_DEDUP_TEST_REDIS are set (as tests/run does) the tests
 use that broker / cluster; otherwise the first test that needs one starts it in a temporary
 directory on free ports below the ephemeral range and stops it at the end of the session.
 A broker or cluster that cannot be started is an error, not a skip.

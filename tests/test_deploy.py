@@ -52,7 +52,7 @@ def _flat(expr: str) -> str:
 def _promtool(*args: str) -> str:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.fail("promtool is missing (apt-get install prometheus; .ci/run installs it)")
+        pytest.fail("promtool is missing (apt-get install prometheus; tests/run)")
     out = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout + out.stderr

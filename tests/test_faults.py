@@ -25,7 +25,7 @@ from test_service import (
     page_message,
 )
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 service = test_service.service  # the fixture, found by pytest under its name here
 
 # The deciding thread and two worker processes (--workers N analyses on N cores: N - 1

@@ -35,6 +35,8 @@ try:
 except ImportError:
     _native = None  # type: ignore[assignment]
 
+pytestmark = pytest.mark.slow
+
 needs_native = pytest.mark.skipif(
     _native is None or not extract.NATIVE_WALK, reason="the C extension is not built or bound"
 )

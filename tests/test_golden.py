@@ -25,6 +25,7 @@ from stream_dedup.sources.files import iter_inputs
 
 pytestmark = [
     pytest.mark.corpus,
+    pytest.mark.slow,
     pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here"),
 ]
 

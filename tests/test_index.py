@@ -111,6 +111,7 @@ def test_posting_lists_are_capped_to_the_most_recent(make_index) -> None:  # typ
     assert candidates(index, [1_000_000 + 1_234, 7], 1)[0] == (1_234, 1)
 
 
+@pytest.mark.slow
 def test_random_workload_matches_a_plain_dict_model(make_index) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(5)
     index: FeatureIndex = make_index(cap=1_000_000)

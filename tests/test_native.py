@@ -596,6 +596,7 @@ def test_nesting_scan_matches_python_on_large_pages(html: str) -> None:
 # --- real pages ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @needs_native
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")

@@ -134,6 +134,7 @@ def test_special_and_scope_elements_are_lexbors() -> None:
     assert scope == nesting._SCOPE & tags
 
 
+@pytest.mark.slow
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")
 def test_no_corpus_page_is_too_deep() -> None:

@@ -212,7 +212,7 @@ def test_every_metric_of_the_dashboard_and_alerts_exists(running: Running) -> No
 def test_prometheus_scrapes_the_service(running: Running, tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     if binary is None:
-        pytest.fail("the `prometheus` binary is missing (apt-get install prometheus; .ci/run)")
+        pytest.fail("the `prometheus` binary is missing (apt-get install prometheus; tests/run)")
     port = free_port()
     target = urllib.parse.urlsplit(running.url).netloc
     config = tmp_path / "prometheus.yml"

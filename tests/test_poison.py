@@ -32,7 +32,7 @@ from test_service import (
 
 from stream_dedup.sample import build
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 GOOD = build(seed=41)
 

@@ -12,6 +12,8 @@ from indexkit import flush_redis
 from opskit import DEPLOY
 from racekit import race
 
+pytestmark = pytest.mark.slow
+
 GROUPS = 3_000
 
 

@@ -328,6 +328,7 @@ def _gone(ident: tuple[int, str]) -> bool:
     return not alive(ident)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_stop_signal_to_the_group_ends_replay_and_its_forked_workers(
         slow_crawl: Path, tmp_path: Path, sig: str) -> None:

@@ -130,6 +130,7 @@ def _near_pairs(n: int, seed: int = 11) -> list[tuple[str, str]]:
     return pairs
 
 
+@pytest.mark.slow
 @pytest.mark.kafka
 def test_lsm_restart_decides_the_batch_in_flight_as_before(
         kafka_bootstrap: str, service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811

@@ -27,6 +27,8 @@ from stream_dedup import Settings
 from stream_dedup.models import Page
 from stream_dedup.pipeline import Analyzer
 
+pytestmark = pytest.mark.slow
+
 PAIRS = 150
 
 

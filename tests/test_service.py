@@ -310,6 +310,7 @@ def _crash_topic(kafka_bootstrap: str, seeds: int = 6) -> dict[str, str]:
     return t
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap)
     rng = random.Random(1201)
@@ -323,6 +324,7 @@ def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -
     assert final.stop() == 0
 
 
+@pytest.mark.slow
 def test_crash_between_acks_and_commit_redelivers_without_self_duplicates(
         kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = _crash_topic(kafka_bootstrap)
@@ -405,6 +407,7 @@ def test_replay_to_kafka_feeds_the_input_topic(kafka_bootstrap: str, tmp_path: P
     assert "1 input records not sent" in out.stderr
 
 
+@pytest.mark.slow
 def test_rebalance_mid_stream_loses_nothing(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     """A second instance joins while the first is busy: partitions move, nothing is lost."""
     t = _crash_topic(kafka_bootstrap, seeds=2)
@@ -428,6 +431,7 @@ def test_rebalance_mid_stream_loses_nothing(kafka_bootstrap: str, service) -> No
     assert committed == end
 
 
+@pytest.mark.slow
 def test_lsm_index_makes_crashes_invisible_in_the_decisions(
         kafka_bootstrap: str, service, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """SIGKILL `serve --index lsm` several times mid-stream: after the last restart every

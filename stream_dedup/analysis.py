@@ -72,8 +72,10 @@ class Analyzer:
         self.settings = settings
         # Band keys serve only the near-verified tier: none stored without it.
         bands = settings.bands if settings.verify_single_feature else 0
+        # Containment is measured on the shingle sets: no keys without them.
+        contain = settings.contain_keys if settings.contains_on else 0
         self.sketcher = Sketcher(settings.params, (bands, settings.band_size),
-                                 sets=settings.verify_exact)
+                                 sets=settings.verify_exact, contain=contain)
         if kernels() != "compiled":
             log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
                         "was not built or not bound): same decisions, several times slower; "

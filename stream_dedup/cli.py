@@ -431,6 +431,18 @@ def curve_figure(k: int, s: int, r: int, low: float, high: float) -> Any:
     return fig
 
 
+def _clusters(args: argparse.Namespace) -> int:
+    from .clusters import check_inputs, summarize
+
+    missing = check_inputs(args.decisions)
+    if missing:
+        print(f"stream-dedup: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    summary = summarize(args.decisions, args.csv)
+    print(summary.render(args.top))
+    return 1 if summary.unreadable else 0
+
+
 def _sample(args: argparse.Namespace) -> int:
     from .sample import write_sample
 
@@ -516,6 +528,26 @@ def build_parser() -> argparse.ArgumentParser:
                     help="largest rho in the table and the plot (1.0)")
     cp.add_argument("--png", metavar="FILE", help="also plot the curve to a PNG")
     cp.set_defaults(func=_curve)
+
+    kp = sub.add_parser("clusters", help="the clusters a run's decisions name: sizes, the "
+                        "largest, one row per page with --csv",
+                        description="Every kept page is its cluster's representative; every "
+                        "page dropped against it (exact, canonical, near, near-verified, "
+                        "contained) or unchanged at its URL joins it (a decision's `cluster` "
+                        "field). Reads decisions as JSON lines (replay -o, or the decisions "
+                        "topic, e.g. kcat -C -e -t decisions > d.jsonl) and prints how many "
+                        "clusters, a size histogram and the largest with their "
+                        "representatives' URLs.",
+                        epilog="examples:\n  stream-dedup replay crawl.warc.gz -o d.jsonl && "
+                        "stream-dedup clusters d.jsonl\n  stream-dedup clusters day1.jsonl "
+                        "day2.jsonl --top 20 --csv pages.csv",
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    kp.add_argument("decisions", nargs="+", metavar="FILE",
+                    help="decisions, JSON lines ('-' for stdin), in the order they were made")
+    kp.add_argument("--top", type=int, default=10, help="largest clusters listed (10)")
+    kp.add_argument("--csv", metavar="FILE", help="also write one row per page: source, url, "
+                    "decision, reason, page_id, cluster, cluster_url")
+    kp.set_defaults(func=_clusters)
 
     sp = sub.add_parser("sample", help="write a synthetic crawl (WARC + JSONL) to try replay on")
     sp.add_argument("directory", help="where to write sample.warc.gz and sample.jsonl")

@@ -62,6 +62,20 @@ class Settings:
     # MOD-m sample of 4,096-8,192 (on disk by default).
     verify_exact: bool = True
     verify_min_jaccard: float = 0.80
+    # --- containment (Broder 1997: c(A, B) = |S(A) ∩ S(B)| / |S(A)|) ---
+    # A page at least this contained in an earlier kept page is dropped ("contained"); a
+    # kept page lists the earlier kept pages it contains this much ("contains"). Measured
+    # exactly on the two pages' shingle sets (MOD-m samples past 8,192 shingles). 0: off.
+    contain_min: float = 0.90
+    # Containment keys a page: single min-hashes as index keys (8 bytes each in memory),
+    # which find a page inside a larger one (J = |A| / |B|) where features and bands do not
+    contain_keys: int = 2
+    # Pages with fewer shingles are not "contained" anywhere, nor listed in `contains`
+    contain_min_shingles: int = 50
+    # Candidates whose shared containment key has this many pages or more are not tried: a
+    # shingle that common is a site's template, not text (Broder et al. 1997 drop them too)
+    contain_common: int = 8
+    contain_max_candidates: int = 2
     ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
     ld_n: int = _PARAMS.ld_n  # ... over windows of n (4) characters (stamped)
     # --- recrawls: which URLs are the same (core/urls.py) ---
@@ -129,6 +143,14 @@ class Settings:
             raise ConfigError("near_verified_min_resemblance must be in [0, 1]")
         if not 0.0 <= self.verify_min_jaccard <= 1.0:
             raise ConfigError("verify_min_jaccard must be in [0, 1]")
+        if not 0.0 <= self.contain_min <= 1.0:
+            raise ConfigError("contain_min must be in [0, 1] (0: no containment)")
+        if self.contain_keys < 0 or self.contain_common < 1 or self.contain_max_candidates < 1:
+            raise ConfigError("contain_keys must be >= 0, contain_common and "
+                              "contain_max_candidates >= 1")
+        if self.bands * self.band_size + self.contain_keys > params.num_perm:
+            raise ConfigError(f"bands x band_size + contain_keys must fit in the "
+                              f"{params.num_perm} min-hashes")
         if self.bands < 0 or self.band_size < 1 or \
                 self.bands * self.band_size > params.num_perm:
             raise ConfigError(f"bands ({self.bands}) x band_size ({self.band_size}) must fit "
@@ -176,6 +198,11 @@ class Settings:
             raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
         if self.stall_seconds <= 0:
             raise ConfigError("stall_seconds must be > 0")
+
+    @property
+    def contains_on(self) -> bool:
+        """Whether containment is decided (it needs the shingle sets: verify_exact)."""
+        return self.contain_min > 0 and self.contain_keys > 0 and self.verify_exact
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -47,12 +47,19 @@ import numpy as np
 
 from .config import Settings
 from .core import ldsig
-from .core.sketch import jaccard, resemblance
+from .core.sketch import jaccard, overlap, resemblance
 from .errors import PageError
-from .index.base import Answer, StoredDoc, near_candidates, weak_candidates
+from .index.base import (
+    Answer,
+    StoredDoc,
+    contain_candidates,
+    near_candidates,
+    weak_candidates,
+)
 from .models import (
     CANONICAL,
     CHANGED,
+    CONTAINED,
     EXACT,
     NEAR,
     NEAR_VERIFIED,
@@ -61,6 +68,7 @@ from .models import (
     UNCHANGED,
     UNIQUE,
     VERIFIED_DISTINCT,
+    Contained,
     Decision,
     DuplicateOf,
     Page,
@@ -205,7 +213,8 @@ def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s
         return same
     if keep_ids and prev.page_id > pid >= TIMED_IDS:  # a late fetch: the version is newer
         return Verdict(Decision(a.page.url, "drop", SUPERSEDED, source=a.page.source,
-                                fetched_at=a.page.fetched_at, previous=_previous(prev)))
+                                fetched_at=a.page.fetched_at, previous=_previous(prev),
+                                cluster=prev.page_id))
     v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version)
     if v.decision is not None and v.decision.decision == "drop":  # a copy of another URL
         v.decision = replace(v.decision, previous=_previous(prev))
@@ -306,9 +315,24 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
     gone = overlay.retired | {version} if version is not None else overlay.retired
     if gone:  # neither the URL's version nor one replaced in this batch is a candidate
         found = [c for c in found if c[0] not in gone]
-    weak = weak_candidates(postings, s.groups) if not found and s.verify_single_feature else []
+    nc = s.contain_keys if s.contains_on else 0  # the last keys: containment's
+    resembling = postings[: len(postings) - nc]
+    weak = (weak_candidates(resembling, s.groups) if not found and s.verify_single_feature
+            else [])
     if gone and weak:
         weak = [c for c in weak if c[0] not in gone]
+    v = _resemble(a, pid, key, kept, keep_ids, docs, overlay, s, version, found, weak)
+    if v.doc is not None and nc:  # a keep: is it inside a kept page, or one inside it?
+        started = perf_counter()
+        v = _containment(a, v, postings, nc, docs, overlay, s, gone)
+        v.verify_s += perf_counter() - started
+    return v
+
+
+def _resemble(a: Analysis, pid: int, key: int, kept: str, keep_ids: bool, docs: _Docs,
+              overlay: Overlay, s: Settings, version: int | None,
+              found: list[tuple[int, int]], weak: list[tuple[int, int]]) -> Verdict:
+    """The resemblance tiers: near (>= r features), near-verified (weak candidates)."""
     if weak:  # a drop reports the features shared
         started = perf_counter()
         confirmed, _ = _verify(a, weak, docs, overlay, s, NEAR_VERIFIED,
@@ -332,6 +356,35 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
                           jaccard=j)
     confirmed.verify_s = perf_counter() - started
     return confirmed
+
+
+def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, docs: _Docs,
+                 overlay: Overlay, s: Settings, gone: set[int]) -> Verdict:
+    """A page about to be kept: dropped as `contained` when at least contain_min of its
+    shingles are in an earlier kept page, else `contains` lists the earlier kept pages that
+    much inside it. Candidates: the pages sharing a containment key (not one of a site's
+    template: fewer than contain_common pages share it), most keys shared first, then
+    oldest; measured on the shingle sets (exactly, or their MOD-m samples)."""
+    if not a.shingles:
+        return v
+    ranked = contain_candidates(postings, nc, s.contain_common, gone)
+    inside: list[Contained] = []
+    for handle in ranked[: s.contain_max_candidates]:
+        doc = docs[handle]
+        if not doc.shingles:
+            continue
+        n_a, n_b, common = overlap(a.shingles, doc.shingles)
+        if n_a and common >= s.contain_min * n_a and a.shingle_count >= s.contain_min_shingles:
+            return _drop(a, CONTAINED, handle, docs, overlay,
+                         jaccard=common / (n_a + n_b - common), verified=True,
+                         containment=round(common / n_a, 4))
+        if n_b >= s.contain_min_shingles and common >= s.contain_min * n_b:
+            inside.append(Contained(doc.page_id, doc.url, round(common / n_b, 4)))
+    if inside:
+        assert v.decision is not None
+        inside.sort(key=lambda c: -c.containment)
+        v.decision = replace(v.decision, contains=tuple(inside))
+    return v
 
 
 def sampled(canonical_fp: int | None, rate: float) -> bool:
@@ -397,7 +450,7 @@ def _keep(
     v = Verdict(Decision(
         page.url, "keep", reason, page_id=page_id, shared_features=shared,
         resemblance=resemblance, ld_estimate=ld, jaccard=jaccard, short=short,
-        source=page.source, fetched_at=page.fetched_at, previous=previous,
+        source=page.source, fetched_at=page.fetched_at, previous=previous, cluster=page_id,
     ), doc)
     if version is not None and version >= OVERLAY:
         v.replaces_in_batch = docs.overlay.batch_index[version - OVERLAY]
@@ -409,7 +462,7 @@ def _keep(
 def _drop(
     a: Analysis, reason: str, handle: int, docs: _Docs, overlay: Overlay, *, shared: int = 0,
     resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
-    verified: bool = False,
+    verified: bool = False, containment: float | None = None,
 ) -> Verdict:
     first = docs[handle]
     depends_on = overlay.batch_index[handle - OVERLAY] if handle >= OVERLAY else None
@@ -417,4 +470,5 @@ def _drop(
         a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
         shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
         verified=verified, source=a.page.source, fetched_at=a.page.fetched_at,
+        containment=containment, cluster=first.page_id,
     ), depends_on=depends_on)

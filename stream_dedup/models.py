@@ -23,6 +23,7 @@ VERIFIED_DISTINCT = "verified-distinct"
 # new version of the URL that replaces it in the index.
 UNCHANGED = "unchanged"
 CHANGED = "changed"
+CONTAINED = "contained"  # at least contain_min of its shingles are in an earlier kept page
 SUPERSEDED = "superseded"  # a fetch older than the URL's kept version, which differs
 
 
@@ -106,6 +107,15 @@ class Previous:
 
 
 @dataclass(frozen=True, slots=True)
+class Contained:
+    """An earlier kept page a kept page contains: c(that page, this one)."""
+
+    page_id: int
+    url: str
+    containment: float
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     url: str | None
     decision: DecisionKind
@@ -126,6 +136,12 @@ class Decision:
     previous: Previous | None = None  # its URL's kept version (recrawls)
     # `unchanged` only: the payload's digest in WARC's form, for a revisit record
     payload_digest: str | None = None
+    # `contained`: c(this page, duplicate_of); a keep: the earlier kept pages it contains
+    containment: float | None = None
+    contains: tuple[Contained, ...] = ()
+    # The page id of its cluster's kept page: its own (keep), its duplicate_of's (drop), its
+    # URL's version's (unchanged, superseded); None for a reject
+    cluster: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -151,6 +167,10 @@ class Decision:
                 "page_id": self.previous.page_id, "url": self.previous.url,
                 "fetched_at": self.previous.fetched_at, "match": self.previous.match},
             "payload_digest": self.payload_digest,
+            "containment": self.containment,
+            "contains": [{"page_id": c.page_id, "url": c.url, "containment": c.containment}
+                         for c in self.contains],
+            "cluster": self.cluster,
         }
 
     def to_json(self) -> str:

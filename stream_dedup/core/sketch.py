@@ -104,17 +104,27 @@ class Sketcher:
     `bands` (b, r): b LSH band keys after the k features, band j a mix64 chain over
     min-hashes j*r .. j*r+r-1 of the same sketch (seeded apart from the features, and by
     the layout: keys of two layouts never meet). Pages of resemblance J share a band with
-    probability 1 - (1 - J**r)**b: candidates for verification, not a decision."""
+    probability 1 - (1 - J**r)**b: candidates for verification, not a decision.
 
-    def __init__(self, params: Params, bands: tuple[int, int] = (0, 1), sets: bool = True
-                 ) -> None:
+    `contain` containment keys after the band keys: min-hashes b*r ... b*r+contain-1
+    themselves, each with its position in the high 32 bits. A page A inside B (c(A, B) = 1)
+    has J = |A| / |B|, and its min-hash equals B's with that probability: two keys find an
+    excerpt of half an article with probability 0.75, where a band of 4 finds it with 0.06
+    (docs/reference.md, containment)."""
+
+    def __init__(self, params: Params, bands: tuple[int, int] = (0, 1), sets: bool = True,
+                 contain: int = 0) -> None:
         self.params = params
         n = params.num_perm
         b, r = bands
-        if b < 0 or r < 1 or b * r > n:
-            raise ConfigError(f"bands {b} x band_size {r} need bands >= 0, band_size >= 1 "
-                              f"and bands * band_size <= {n} min-hashes")
+        if b < 0 or r < 1 or contain < 0 or b * r + contain > n:
+            raise ConfigError(f"bands {b} x band_size {r} and {contain} containment keys need "
+                              f"bands >= 0, band_size >= 1 and bands * band_size + "
+                              f"containment keys <= {n} min-hashes")
         self.bands = (b, r)
+        self.contain = contain
+        self._contain_at = b * r
+        self._contain_pos = np.arange(contain, dtype=np.uint64) << np.uint64(32)
         self.sets = sets  # False: `page` returns no shingle set (b"")
         self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
@@ -145,8 +155,11 @@ class Sketcher:
             np.ascontiguousarray(codepoints, dtype=np.uint32), p.ld_c, self._ld_mult,
             *self.bands, self._band_seed, self.sets, SAMPLE_SHINGLES,
         )
-        return np.frombuffer(sk_b, dtype=np.uint32), np.frombuffer(keys_b, dtype=np.uint64), \
-            sig, _capped(tops)
+        sk = np.frombuffer(sk_b, dtype=np.uint32)
+        keys = np.frombuffer(keys_b, dtype=np.uint64)
+        if self.contain:
+            keys = np.concatenate((keys, self.contain_keys(sk)))
+        return sk, keys, sig, _capped(tops)
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -204,10 +217,17 @@ class Sketcher:
         return _chain(sketch, self.params.groups, self.params.group_size, self._feature_seed)
 
     def keys(self, sketch: np.ndarray) -> np.ndarray:
-        """The k features, then the band keys (the same chain: b groups of r, band seed)."""
+        """The k features, then the band keys (the same chain: b groups of r, band seed),
+        then the containment keys."""
         b, r = self.bands
         return np.concatenate((self.features(sketch),
-                               _chain(sketch[: b * r], b, r, self._band_seed)))
+                               _chain(sketch[: b * r], b, r, self._band_seed),
+                               self.contain_keys(sketch)))
+
+    def contain_keys(self, sketch: np.ndarray) -> np.ndarray:
+        """The containment keys: min-hash j (after the bands') with j in the high half."""
+        at = self._contain_at
+        return sketch[at : at + self.contain].astype(np.uint64) | self._contain_pos
 
     # --- plain reference (tests) ---------------------------------------------------
     @cached_property
@@ -313,21 +333,26 @@ def shingle_set(tops: bytes) -> tuple[int, np.ndarray]:
     return int.from_bytes(tops[:4], "little"), _distinct(memoryview(tops)[4:])
 
 
-def jaccard(tops_a: bytes, tops_b: bytes) -> float | None:
-    """|A∩B| / |A∪B| of two pages' `shingle_tops`: exactly, or of their MOD-m samples at
-    the coarser page's m; None when a set (or its sample) is empty: nothing to tell. The
-    kernel counts both in one pass each, without sorting either."""
+def overlap(tops_a: bytes, tops_b: bytes) -> tuple[int, int, int]:
+    """(|A|, |B|, |A∩B|) of two pages' `shingle_tops`: exactly, or of their MOD-m samples at
+    the coarser page's m (Broder's estimate of resemblance and containment alike). The
+    kernel counts them in one pass over each set, without sorting either."""
     mask = (1 << max(int.from_bytes(tops_a[:4], "little"),
                      int.from_bytes(tops_b[:4], "little"))) - 1
     if _native is not None:
         n_a, n_b, common = _native.set_overlap(memoryview(tops_a)[4:], memoryview(tops_b)[4:],
                                                mask)
-    else:
-        a, b = shingle_set(tops_a)[1], shingle_set(tops_b)[1]
-        if mask:  # the finer set, sampled as the coarser one was
-            a, b = a[(a & np.uint32(mask)) == 0], b[(b & np.uint32(mask)) == 0]
-        n_a, n_b = a.shape[0], b.shape[0]
-        common = int(np.intersect1d(a, b, assume_unique=True).shape[0])
+        return n_a, n_b, common
+    a, b = shingle_set(tops_a)[1], shingle_set(tops_b)[1]
+    if mask:  # the finer set, sampled as the coarser one was
+        a, b = a[(a & np.uint32(mask)) == 0], b[(b & np.uint32(mask)) == 0]
+    return a.shape[0], b.shape[0], int(np.intersect1d(a, b, assume_unique=True).shape[0])
+
+
+def jaccard(tops_a: bytes, tops_b: bytes) -> float | None:
+    """|A∩B| / |A∪B| of two pages' `shingle_tops` (see `overlap`); None when a set (or its
+    sample) is empty: nothing to tell."""
+    n_a, n_b, common = overlap(tops_a, tops_b)
     if n_a == 0 or n_b == 0:
         return None
     return common / (n_a + n_b - common)

@@ -77,6 +77,8 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                           retention_days=s.retention_days, threshold=s.threshold,
                           max_candidates=s.verify_max_candidates, groups=s.groups,
                           buckets=s.redis_buckets,
+                          contain=(s.contain_keys if s.contains_on else 0, s.contain_common,
+                                   s.contain_max_candidates),
                           records_url=s.redis_records_url, observe=observe)
     return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
                                       Path(s.index_path) if s.index_path else None)

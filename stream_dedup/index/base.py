@@ -27,7 +27,7 @@ each other.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -184,6 +184,21 @@ def near_candidates(postings: Sequence[Sequence[int]], groups: int, threshold: i
                     ) -> list[tuple[int, int]]:
     """Pages sharing >= threshold features (`near`)."""
     return rank_candidates([h for ids in postings[:groups] for h in ids], threshold)
+
+
+def contain_candidates(postings: Sequence[Sequence[int]], keys: int, common: int,
+                       gone: Set[int] = frozenset()) -> list[int]:
+    """Candidates for containment: the pages sharing a key (the last `keys` are the
+    containment keys; features and band keys find the larger overlaps) that fewer than
+    `common` pages share (a site's template shingle is shared by many), but those `gone`:
+    most keys shared first, then oldest."""
+    if not keys:
+        return []
+    candidates = {h for ids in postings if len(ids) < common for h in ids if h not in gone}
+    if not candidates:
+        return []
+    shared = Counter(h for ids in postings for h in ids if h in candidates)
+    return sorted(candidates, key=lambda h: (-shared[h], h))
 
 
 def weak_candidates(postings: Sequence[Sequence[int]], groups: int) -> list[tuple[int, int]]:

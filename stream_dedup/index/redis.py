@@ -44,6 +44,7 @@ from .base import (
     Plan,
     Probe,
     StoredDoc,
+    contain_candidates,
     near_candidates,
     weak_candidates,
 )
@@ -80,12 +81,15 @@ class RedisIndex(ScriptClient):
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
                  groups: int = 6, buckets: int = BUCKETS, records_url: str = "",
+                 contain: tuple[int, int, int] = (2, 8, 2),
                  observe: Observe | None = None, client: Any = None) -> None:
         super().__init__(url, client, observe)
         self.stamp = stamp
         self.cap = max_posting
         self.threshold, self.max_candidates = threshold, max_candidates
-        self.groups = groups  # a probe's first `groups` keys are features, the rest bands
+        self.groups = groups  # a probe's first `groups` keys are features, then bands
+        # (containment keys a probe ends with, contain_common, contain_max_candidates)
+        self.contain = contain
         self.retention_s = int(retention_days * 86400)
         self.layout = Layout(buckets)
         # Another store for the verification records (None: the index's own): written in a
@@ -544,9 +548,15 @@ class RedisIndex(ScriptClient):
         candidates of either tier, as decide.py ranks them (the batch's own pages never push
         these out): by shared features, or by shared keys (features and band keys)."""
         out = [h for h in (answer.raw, answer.canonical, answer.version) if h is not None]
-        for ranked in (near_candidates(answer.postings, self.groups, self.threshold),
-                       weak_candidates(answer.postings, self.groups)):
-            out += [h for h, _ in ranked[: self.max_candidates]]
+        keys, common, most = self.contain
+        postings = answer.postings
+        # One more than the decide step tries: it skips the URL's version (and a version a
+        # page of the batch replaced)
+        for ranked in (near_candidates(postings, self.groups, self.threshold),
+                       weak_candidates(postings[: len(postings) - keys], self.groups)):
+            out += [h for h, _ in ranked[: self.max_candidates + 1]]
+        if keys:
+            out += contain_candidates(postings, keys, common)[: most + 1]
         return out
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models import Decision, DuplicateOf, Previous
+from ..models import Contained, Decision, DuplicateOf, Previous
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
@@ -497,14 +497,16 @@ def encode_decision(d: Decision) -> bytes:
     are its own: the page's)."""
     if (d.decision == "keep" and d.reason == "unique" and not d.shared_features
             and d.resemblance is None and d.ld_estimate is None and d.jaccard is None
-            and d.previous is None and d.payload_digest is None):
+            and d.previous is None and d.payload_digest is None and not d.contains):
         return _SHORT if d.short else _UNIQUE
     dup, prev = d.duplicate_of, d.previous
     row = [d.decision, d.reason, d.page_id, dup and dup.page_id, dup and dup.url,
            d.shared_features, d.resemblance, d.ld_estimate, d.verified, d.short, d.jaccard]
-    if prev is not None or d.payload_digest is not None:  # recrawls
+    if prev is not None or d.payload_digest is not None or d.containment is not None \
+            or d.contains:  # recrawls, containment
         row += [prev and [prev.page_id, prev.url, prev.fetched_at, prev.match],
-                d.payload_digest]
+                d.payload_digest, d.containment,
+                [[c.page_id, c.url, c.containment] for c in d.contains]]
     return _JSON.encode(row).encode()
 
 
@@ -512,13 +514,20 @@ def decode_decision(raw: bytes, page_id: int) -> Decision:
     """A recorded decision, without the url, source and fetched_at (the re-delivered page
     has them)."""
     if raw in (_UNIQUE, _SHORT):
-        return Decision(None, "keep", "unique", page_id=page_id, short=raw == _SHORT)
+        return Decision(None, "keep", "unique", page_id=page_id, short=raw == _SHORT,
+                        cluster=page_id)
     row = json.loads(raw)
     kind, reason, pid, dup_id, dup_url, shared, res, ld, verified, short, j = row[:11]
-    prev, digest = row[11:] if len(row) > 11 else (None, None)
+    prev, digest, containment, contains = (*row[11:13], None, []) if len(row) == 13 else \
+        row[11:] if len(row) > 11 else (None, None, None, [])
     dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
+    previous = None if prev is None else Previous(*prev)
+    # The cluster follows from the rest (decide.py): the page's own id, else its duplicate's,
+    # else its URL's version's
+    cluster = pid if kind == "keep" else dup.page_id if dup is not None else \
+        previous.page_id if previous is not None else None
     return Decision(None, kind, reason, page_id=pid, duplicate_of=dup,
                     shared_features=shared, resemblance=res, ld_estimate=ld, jaccard=j,
-                    verified=verified, short=short,
-                    previous=None if prev is None else Previous(*prev),
-                    payload_digest=digest)
+                    verified=verified, short=short, previous=previous,
+                    payload_digest=digest, containment=containment,
+                    contains=tuple(Contained(*c) for c in contains), cluster=cluster)

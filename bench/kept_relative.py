@@ -75,12 +75,15 @@ from stream_dedup import Settings  # noqa: E402
 from stream_dedup.pipeline import Deduplicator  # noqa: E402
 
 KEEP, DROP, SKIP = "keep", "drop", "skip"
+# A drop for containment (issue 27): a drop for recall, not a claim of resemblance, so not
+# in the J8 precision (bench/containment.py measures it by containment)
+CONTAINED = "contained"
 BUCKETS = ((0.8, 0.9), (0.9, 0.95), (0.95, 1.0))
 NAN = float("nan")
 
 
 class Outcome(NamedTuple):
-    decision: str  # KEEP, DROP or SKIP
+    decision: str  # KEEP, DROP, CONTAINED or SKIP
     named: int | None = None  # a drop's earlier page (stream position)
 
 
@@ -94,6 +97,7 @@ class Scores:
     recall: list[float]  # per bucket (NaN: empty bucket)
     bucket_pages: list[int]  # per bucket: later pages whose best kept J8 is in it
     bucket_dropped: list[int]
+    contained: int = 0  # drops for containment (in `drops`, not in the precision)
 
 
 def kept_relative(outcomes: Sequence[Outcome], j8: np.ndarray) -> Scores:
@@ -103,16 +107,17 @@ def kept_relative(outcomes: Sequence[Outcome], j8: np.ndarray) -> Scores:
     if j8.shape != (n, n):
         raise ValueError(f"j8 is {j8.shape}, outcomes {n}")
     kept = np.array([o.decision == KEEP for o in outcomes], dtype=bool)
-    dropped = np.array([o.decision == DROP for o in outcomes], dtype=bool)
+    dropped = np.array([o.decision in (DROP, CONTAINED) for o in outcomes], dtype=bool)
     named_j = []
     for i, o in enumerate(outcomes):
-        if o.decision != DROP:
+        if o.decision not in (DROP, CONTAINED):
             continue
         if o.named is None or not 0 <= o.named < i:
             raise ValueError(f"page {i}: a drop must name an earlier page, got {o.named}")
         if not kept[o.named]:
             raise ValueError(f"page {i}: names page {o.named}, which was not kept")
-        named_j.append(j8[i, o.named])
+        if o.decision == DROP:
+            named_j.append(j8[i, o.named])
     nj = np.array(named_j, dtype=float)
     defined = nj[~np.isnan(nj)]
     # best kept J8 of every page: its row over earlier kept columns (undefined -> -1)
@@ -134,6 +139,7 @@ def kept_relative(outcomes: Sequence[Outcome], j8: np.ndarray) -> Scores:
         precision=float((defined >= 0.8).mean()) if defined.shape[0] else NAN,
         drops_below_05=int((defined < 0.5).sum()),
         recall=recall, bucket_pages=sizes, bucket_dropped=hits,
+        contained=sum(o.decision == CONTAINED for o in outcomes),
     )
 
 
@@ -206,7 +212,8 @@ def ours(settings: Settings) -> System:
                 out.append(Outcome(KEEP))
             elif d.decision == "drop":
                 assert d.duplicate_of is not None
-                out.append(Outcome(DROP, where[d.duplicate_of.page_id]))
+                kind = CONTAINED if d.reason == CONTAINED else DROP
+                out.append(Outcome(kind, where[d.duplicate_of.page_id]))
             else:
                 out.append(Outcome(SKIP))
         return out
@@ -344,7 +351,8 @@ def corpus_table(c: Corpus, runs: dict[str, System]) -> tuple[str, list[Row]]:
         s = kept_relative(outcomes, j8)
         scored.append((name, system, s, seconds))
         rows.append([
-            name, s.kept, s.drops, s.precision, s.drops_below_05, s.drops_no_j8,
+            name, s.kept, f"{s.drops} ({s.contained} contained)" if s.contained else s.drops,
+            s.precision, s.drops_below_05, s.drops_no_j8,
             *(f"{r:.3f} ({h}/{n})" if n else "– (0)"
               for r, h, n in zip(s.recall, s.bucket_dropped, s.bucket_pages, strict=True)),
             seconds,

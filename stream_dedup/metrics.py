@@ -42,6 +42,7 @@ from .index.base import FeatureIndex
 from .models import CANONICAL as R_CANONICAL
 from .models import (
     CHANGED,
+    CONTAINED,
     EXACT,
     NEAR,
     NEAR_VERIFIED,
@@ -191,7 +192,7 @@ class Metrics:
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),
                                  ("drop", NEAR_VERIFIED), ("keep", CHANGED),
-                                 ("drop", UNCHANGED)):
+                                 ("drop", UNCHANGED), ("drop", CONTAINED)):
             self._children(decision, reason)
         self.bytes.labels("reject")
         self._confirmed = self._overturned = 0

@@ -211,9 +211,11 @@ def ours(settings: Settings) -> System:
                 where[d.page_id] = i
                 out.append(Outcome(KEEP))
             elif d.decision == "drop":
-                assert d.duplicate_of is not None
+                # a recrawl (issue 26) names its URL's version in `previous`
+                named = d.duplicate_of or d.previous
+                assert named is not None
                 kind = CONTAINED if d.reason == CONTAINED else DROP
-                out.append(Outcome(kind, where[d.duplicate_of.page_id]))
+                out.append(Outcome(kind, where[named.page_id]))
             else:
                 out.append(Outcome(SKIP))
         return out

@@ -41,9 +41,9 @@ pytestmark = [
 # `previous` projects its URL and match. "default" and "sampled" recorded again at issue 27
 # (containment; the "estimate" rules have no shingle sets, so no containment, and did not
 # move): 8 draft revisions at c8 >= 0.9 inside an earlier one (J8 0.73-0.79) are dropped
-# `contained` (4 were kept, 4 near-duplicates of a page now dropped), their second reading
-# follows them (4 `unchanged` -> `contained`: their URL holds no version now), and 6 kept
-# revisions list the earlier one they contain; a decision's containment projects too.
+# `contained` (4 were kept, 4 were near-duplicates of one of those), and so is their second
+# reading (4 were `unchanged`, 4 `near`: their URLs hold no version now); 6 kept revisions
+# list the earlier one they contain; a decision's containment projects too.
 GOLDEN = {
     "default": "05c94c5ca2eba25a72611203d54923b0b7ba24f8ab796929d0aa20f8ee5e3664",
     "sampled": "cf8c995374f79482b77a7a9cde325fce286b2f0d737897c0c11161a5dda57383",

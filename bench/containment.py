@@ -696,13 +696,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--site-pages", type=int, default=8)
     ap.add_argument("--unrelated", type=int, default=30)
     ap.add_argument("--batch", type=int, default=500, help="pages per check_batch call")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting of the engine (Settings' names), e.g. --set "
+                    "contain_min_shingles=25; repeatable")
     return ap.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.perf_counter()
-    settings = Settings()
+    settings = Settings.load(env={}, overrides=dict(kv.split("=", 1) for kv in args.set))
     analyzer = Analyzer(settings)
     print(benchlib.header("# Containment: `contained` drops and `contains` lists (issue 27)"))
     print(f"stream_dedup from {Path(stream_dedup.__file__).resolve().parent}; "

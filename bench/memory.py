@@ -76,7 +76,9 @@ except ImportError:  # a checkout before issue 26 (recrawls): no URL map
 
 CHUNK = 10_000
 RING = 65_536
-KEYS = 11  # 6 features + 5 band keys (Settings' defaults)
+# 6 features + 5 band keys + the containment keys (issue 27; none before it): Settings'
+# defaults
+KEYS = 11 + getattr(Settings(), "contain_keys", 0)
 SHINGLE_BYTES = 4_416  # the long WARC pages' mean set (sampled past 8,192 shingles)
 SIG_BYTES = 300
 TEXT_LENGTH = 9_400

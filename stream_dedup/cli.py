@@ -134,6 +134,20 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
         Flag("ld_n", "LD signature window, characters", "N"),
     ],
+    "containment (Broder 1997: c(A, B), the share of A's shingles in B; needs the shingle "
+    "sets, --verify-exact)": [
+        Flag("contain_min", "drop a page at least this contained in an earlier kept page "
+             "('contained'); list the earlier kept pages this much inside a kept one "
+             "('contains'); 0: off", "X"),
+        Flag("contain_keys", "containment keys a page (single min-hashes as index keys, 8 B "
+             "each in memory): a page inside one k times its size shares one with chance "
+             "1 - (1 - 1/k)**N", "N"),
+        Flag("contain_min_shingles", "pages with fewer shingles are never 'contained' nor "
+             "listed in 'contains'", "N"),
+        Flag("contain_common", "a containment key this many kept pages share is a "
+             "template's: its pages are not tried", "N"),
+        Flag("contain_max_candidates", "pages tried for containment per kept page", "N"),
+    ],
     "recrawls (a URL holds one version: a page whose URL has a kept version is unchanged, "
     "or a changed version that replaces it; docs/reference.md)": [
         Flag("url_ignore_params", "query parameters that do not make another URL, removed "

@@ -186,6 +186,8 @@ def test_recrawls_over_kafka(kafka_bootstrap: str, service) -> None:  # type: ig
     assert [d["fetched_at"] for d in got] == [when for _, _, when in fetches]
     assert got[1]["previous"]["page_id"] == got[2]["previous"]["page_id"] == got[0]["page_id"]
     assert got[3]["previous"]["page_id"] == got[2]["page_id"]
+    # clusters: a kept page is its own, an unchanged recrawl joins its URL's version's
+    assert [d["cluster"] for d in got] == [got[0]["page_id"]] * 2 + [got[2]["page_id"]] * 2
     assert got[1]["payload_digest"].startswith("sha1:")
     kept = kcat_consume(kafka_bootstrap, t["kept"])
     assert [json.loads(m["payload"])["fetched_at"] for m in kept] == [

@@ -268,6 +268,11 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
                 skipped += 1
                 log.warning("not sent: %s (%s: %s)", item.source, item.kind, item.message)
                 continue
+            if item.revisit is not None:
+                skipped += 1
+                log.warning("not sent: %s (a WARC revisit record: the JSON page message has "
+                            "no field for it; replay decides it)", item.source)
+                continue
             message: dict[str, object] = {
                 "url": item.url, "body_b64": base64.b64encode(item.body).decode(),
                        "headers": [list(h) for h in item.headers]}

@@ -56,7 +56,8 @@ def words(n: int, seed: int = 0) -> bytes:
 
 
 def pages(items: list[Page | Rejected]) -> list[Page]:
-    return [item for item in items if isinstance(item, Page)]
+    """The pages with a payload (not revisit records)."""
+    return [item for item in items if isinstance(item, Page) and item.revisit is None]
 
 
 def rejects(items: list[Page | Rejected]) -> list[Rejected]:
@@ -170,12 +171,16 @@ def test_warc_pages_skips_and_stats(tmp_path: Path, gzip_records: bool) -> None:
     assert (home.header("content-type") or "").startswith("text/html")
     assert got["http://a.example/missing"].status == 404
     assert got["http://a.example/empty"].body == b""
+    (again,) = [i for i in items if isinstance(i, Page) and i.revisit is not None]
+    assert (again.url, again.body, again.source) == ("http://a.example/", b"", "c.warc.gz#5")
+    assert again.revisit is not None and again.revisit.profile.endswith("identical-payload-digest")
     assert stats.to_dict() == {
         "files": 1,
         "records": 10,
         "pages": 4,
         "non_2xx": 1,
-        "skipped": {"warcinfo": 1, "request": 1, "metadata": 1, "non-html": 2, "revisit": 1},
+        "revisits": 1,
+        "skipped": {"warcinfo": 1, "request": 1, "metadata": 1, "non-html": 2},
         "rejected": {},
         "unreadable": [],
         "repeated": [],

@@ -323,9 +323,7 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
         weak = [c for c in weak if c[0] not in gone]
     v = _resemble(a, pid, key, kept, keep_ids, docs, overlay, s, version, found, weak)
     if v.doc is not None and nc:  # a keep: is it inside a kept page, or one inside it?
-        started = perf_counter()
         v = _containment(a, v, postings, nc, docs, overlay, s, gone)
-        v.verify_s += perf_counter() - started
     return v
 
 
@@ -365,9 +363,10 @@ def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, do
     much inside it. Candidates: the pages sharing a containment key (not one of a site's
     template: fewer than contain_common pages share it), most keys shared first, then
     oldest; measured on the shingle sets (exactly, or their MOD-m samples)."""
-    if not a.shingles:
+    ranked = contain_candidates(postings, nc, s.contain_common, gone) if a.shingles else []
+    if not ranked:
         return v
-    ranked = contain_candidates(postings, nc, s.contain_common, gone)
+    started = perf_counter()
     inside: list[Contained] = []
     for handle in ranked[: s.contain_max_candidates]:
         doc = docs[handle]
@@ -375,15 +374,18 @@ def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, do
             continue
         n_a, n_b, common = overlap(a.shingles, doc.shingles)
         if n_a and common >= s.contain_min * n_a and a.shingle_count >= s.contain_min_shingles:
-            return _drop(a, CONTAINED, handle, docs, overlay,
-                         jaccard=common / (n_a + n_b - common), verified=True,
-                         containment=round(common / n_a, 4))
+            dropped = _drop(a, CONTAINED, handle, docs, overlay,
+                            jaccard=common / (n_a + n_b - common), verified=True,
+                            containment=round(common / n_a, 4))
+            dropped.verify_s = v.verify_s + perf_counter() - started
+            return dropped
         if n_b >= s.contain_min_shingles and common >= s.contain_min * n_b:
             inside.append(Contained(doc.page_id, doc.url, round(common / n_b, 4)))
     if inside:
         assert v.decision is not None
         inside.sort(key=lambda c: -c.containment)
         v.decision = replace(v.decision, contains=tuple(inside))
+    v.verify_s += perf_counter() - started
     return v
 
 

@@ -28,14 +28,17 @@ def html(paragraphs: list[str]) -> str:
     return "<html><body>" + "".join(f"<p>{p}</p>" for p in paragraphs) + "</body></html>"
 
 
-def reordered_pair(seed: int = 4) -> tuple[str, str]:
-    """An article and the same paragraphs in another order: the filter calls them
-    near-duplicates (same shingles), verification overturns it (large edit distance)."""
+def reordered_pair(seed: int = 42) -> tuple[str, str]:
+    """An article and the same paragraphs in another order, with one new: the filter calls
+    them near-duplicates (J8 ~0.89), verification overturns it (large edit distance), and
+    the second is not inside the first (c8 ~0.89, under the 0.9 of `contained`; the first
+    is inside the second, which lists it in `contains`)."""
     rng = random.Random(seed)
-    paras = [" ".join(rng.choice(_WORDS) for _ in range(300)) for _ in range(8)]
-    first = html(paras)
-    rng.shuffle(paras)
-    return first, html(paras)
+    paras = [" ".join(rng.choice(_WORDS) for _ in range(300)) for _ in range(9)]
+    first = html(paras[:8])
+    reordered = paras[:8]
+    rng.shuffle(reordered)
+    return first, html([*reordered, paras[8]])
 
 
 def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:

@@ -57,10 +57,12 @@ def test_unrelated_pages_are_kept() -> None:
 
 
 def test_verification_overturns_a_reordered_page() -> None:
-    """Same shingles, other order of paragraphs: sketches agree, edit distance does not."""
+    """Same shingles, other order of paragraphs: sketches agree, edit distance does not.
+    (Containment off: the reordered page is inside the first, c ~0.99, and is dropped
+    `contained` with it on.)"""
     rng = random.Random(4)
     paras = [_article(rng, 300) for _ in range(8)]
-    dd = Deduplicator(Settings(threshold=1, verify_min_resemblance=0.5))
+    dd = Deduplicator(Settings(threshold=1, verify_min_resemblance=0.5, contain_min=0))
     dd.check_html("http://a/1", "".join(_html(p) for p in paras))
     rng.shuffle(paras)
     d = dd.check_html("http://a/2", "".join(_html(p) for p in paras))
@@ -222,6 +224,9 @@ def test_pages_sharing_fewer_than_r_features_are_verified_and_dropped() -> None:
     assert (d.decision, d.reason, d.verified) == ("drop", "near-verified", True)
     assert d.resemblance is not None and d.resemblance >= 0.8
     off = Deduplicator(settings.replace(verify_single_feature=False))
+    off.check_html("http://a/1", a)
+    assert off.check_html("http://a/2", b).reason == "contained"  # (one word: c ~0.99)
+    off = Deduplicator(settings.replace(verify_single_feature=False, contain_min=0))
     off.check_html("http://a/1", a)
     assert off.check_html("http://a/2", b).reason == "unique"
     unrelated = dd.check_html("http://a/3", _html(_article(random.Random(999), 1500)))

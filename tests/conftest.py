@@ -15,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opskit import free_broker_port, free_redis_ports
@@ -92,6 +93,35 @@ def redis_with_replicas(tmp_path: Path) -> Iterator[tuple[str, Path]]:
                             timeout=180)
     yield next(started), directory
     next(started, None)  # stop it
+
+
+@pytest.fixture(params=["memory", "lsm", "redis"])
+def make_dedup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    """A factory of Deduplicators on each backend in turn (each call: a fresh index;
+    `make(**settings)`), for decision tests every backend must pass."""
+    from stream_dedup import Deduplicator, Settings
+
+    made: list[Deduplicator] = []
+
+    def make(**settings: object) -> Deduplicator:
+        extra: dict[str, object] = {"index": request.param}
+        if request.param == "lsm":
+            extra["index_path"] = str(tmp_path / f"idx{len(made)}")
+        if request.param == "redis":
+            from indexkit import flush_redis
+
+            url = request.getfixturevalue("redis_url")
+            flush_redis(url)
+            extra["redis_url"] = url
+        dd = Deduplicator(Settings(**{**extra, **settings}))  # type: ignore[arg-type]
+        made.append(dd)
+        return dd
+
+    if request.param == "redis":
+        request.applymarker(pytest.mark.redis)
+    yield make
+    for dd in made:
+        dd.close()
 
 
 @pytest.hookimpl(wrapper=True)

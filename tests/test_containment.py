@@ -5,7 +5,6 @@ earlier kept pages inside it; every decision names its cluster's kept page."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,31 +22,6 @@ def _html(words: list[str], title: str = "t") -> bytes:
 
 def _article(rng: random.Random, n: int = 600) -> list[str]:
     return [rng.choice(WORDS) for _ in range(n)]
-
-
-@pytest.fixture(params=["memory", "lsm", "redis"])
-def make_dedup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
-    made: list[Deduplicator] = []
-
-    def make(**settings: object) -> Deduplicator:
-        extra: dict[str, object] = {"index": request.param}
-        if request.param == "lsm":
-            extra["index_path"] = str(tmp_path / f"idx{len(made)}")
-        if request.param == "redis":
-            from indexkit import flush_redis
-
-            url = request.getfixturevalue("redis_url")
-            flush_redis(url)
-            extra["redis_url"] = url
-        dd = Deduplicator(Settings(**{**extra, **settings}))  # type: ignore[arg-type]
-        made.append(dd)
-        return dd
-
-    if request.param == "redis":
-        request.applymarker(pytest.mark.redis)
-    yield make
-    for dd in made:
-        dd.close()
 
 
 def _reason(d: Decision) -> tuple[str, str]:

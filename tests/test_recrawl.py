@@ -6,10 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from stream_dedup import Deduplicator, Page, Settings
 from stream_dedup.models import Decision, Revisit
@@ -27,32 +24,6 @@ def _edit(words: list[str], n: int, rng: random.Random) -> list[str]:
     at = rng.randrange(len(out) - n)
     out[at : at + n] = [f"edit{rng.randrange(10**6)}" for _ in range(n)]
     return out
-
-
-@pytest.fixture(params=["memory", "lsm", "redis"])
-def make_dedup(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[object]:
-    """A factory of Deduplicators on one backend (each call: a fresh index)."""
-    made: list[Deduplicator] = []
-
-    def make(**settings: object) -> Deduplicator:
-        extra: dict[str, object] = {"index": request.param}
-        if request.param == "lsm":
-            extra["index_path"] = str(tmp_path / f"idx{len(made)}")
-        if request.param == "redis":
-            from indexkit import flush_redis
-
-            url = request.getfixturevalue("redis_url")
-            flush_redis(url)
-            extra["redis_url"] = url
-        dd = Deduplicator(Settings(**{**extra, **settings}))  # type: ignore[arg-type]
-        made.append(dd)
-        return dd
-
-    if request.param == "redis":
-        request.applymarker(pytest.mark.redis)
-    yield make
-    for dd in made:
-        dd.close()
 
 
 def _reason(d: Decision) -> tuple[str, str]:

@@ -1,4 +1,5 @@
-"""`stream-dedup replay | curve | sample`: parse arguments -> Settings -> run."""
+"""`stream-dedup replay | serve | index | curve | clusters | sample`: parse arguments ->
+Settings -> run (the settings' flags: cli_settings.py)."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .config import ENV_PREFIX, Settings
+from .cli_settings import setting_flags, settings_of
+from .config import Settings
 from .core import theory
-from .core.sketch import FAMILIES
 from .errors import ConfigError, StreamDedupError
 from .table_cache import load_tables
 
@@ -74,185 +74,6 @@ HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):
 """
 
 
-@dataclass(frozen=True)
-class Flag:
-    """A setting's command-line flag: the field of Settings it sets is its name."""
-
-    name: str
-    help: str
-    metavar: str | None = None
-    choices: Sequence[str] | None = None
-    serve_only: bool = False  # replay does not use it
-    replay_help: str | None = None  # replay uses the flag, but not the setting's default
-
-
-# Every setting `serve` uses, by group, in the order --help shows them. Each flag's help
-# ends with its environment variable and its default, from Settings itself
-# (tests/test_replay.py checks that every setting is here). http_token has no flag: on a
-# command line it would be visible to every user of the machine (ps); it comes from the
-# environment or the config file, and the HTTP group's title says so.
-SETTING_FLAGS: dict[str, list[Flag]] = {
-    "filter (Broder's 6 features of 14 min-hashes, r=2; the first six and ld_c/ld_n are "
-    "stamped into a persistent index)": [
-        Flag("shingle_words", "words per shingle", "W"),
-        Flag("groups", "features per page (k)", "K"),
-        Flag("group_size", "min-hashes per feature (s)", "S"),
-        Flag("seed", "seed of the hash permutations (decimal or 0x...)", "SEED"),
-        Flag("hash_family", "min-hash permutation family: affine32 (32-bit multiply-add, "
-             "half the cost of affine64), affine64, mix64 (full avalanche, ~3x affine64)",
-             choices=list(FAMILIES)),
-        Flag("boilerplate", "drop navigation, headers, footers and link lists before "
-             "hashing"),
-        Flag("threshold", "shared features that make a near-duplicate (r)", "R"),
-        Flag("min_shingles", "pages with fewer shingles use only the exact layers", "N"),
-        Flag("max_page_bytes", "reject larger pages without parsing them. serve: a kept page "
-             "larger than the kept topic's max.message.bytes (Kafka's default ~1 MiB) goes "
-             "there as a reference to its input offset; it says so at start", "N"),
-        Flag("max_posting", "longest posting list kept per feature (the most recent pages)",
-             "N"),
-    ],
-    "verification of near-duplicate candidates": [
-        Flag("verify_rate", "share of candidates verified, 0..1", "P"),
-        Flag("verify_exact", "verify by the exact Jaccard of the two pages' shingle sets "
-             "(each kept page stores its set with its record, 4 B a shingle: on disk with "
-             "the memory index's default); off: by the 84-hash estimate (sd ~0.04)"),
-        Flag("verify_min_jaccard", "exact Jaccard needed to confirm, both tiers", "X"),
-        Flag("bands", "LSH bands of the min-hashes, more candidates for near-verified: with "
-             "5 x 4 a page at J 0.85 shares a band with chance 0.975 (a feature: 0.48); "
-             "each band costs an index entry a kept page (8 B in memory); 0: features only",
-             "B"),
-        Flag("band_size", "min-hashes per band", "N"),
-        Flag("verify_min_resemblance", "full-sketch resemblance needed to confirm (pages "
-             "without a stored shingle set, or --no-verify-exact)", "X"),
-        Flag("verify_max_ld_ratio", "estimated Levenshtein distance / length allowed", "X"),
-        Flag("verify_max_candidates", "candidates tried per page before it is kept as "
-             "verified-distinct", "N"),
-        Flag("verify_single_feature", "verify pages that share fewer than r features (but "
-             "one) and drop them as near-verified when verification says so"),
-        Flag("near_verified_min_resemblance", "resemblance such a near-verified drop needs "
-             "(when verified by the estimate)", "X"),
-        Flag("ld_c", "LD signature compression: a symbol per ~C characters", "C"),
-        Flag("ld_n", "LD signature window, characters", "N"),
-    ],
-    "containment (Broder 1997: c(A, B), the share of A's shingles in B; needs the shingle "
-    "sets, --verify-exact)": [
-        Flag("contain_min", "drop a page at least this contained in an earlier kept page "
-             "('contained'); list the earlier kept pages this much inside a kept one "
-             "('contains'); 0: off", "X"),
-        Flag("contain_keys", "containment keys a page (single min-hashes as index keys, 8 B "
-             "each in memory): a page inside one k times its size shares one with chance "
-             "1 - (1 - 1/k)**N", "N"),
-        Flag("contain_min_shingles", "pages with fewer shingles are never 'contained' nor "
-             "listed in 'contains'", "N"),
-        Flag("contain_common", "a containment key this many kept pages share is a "
-             "template's: its pages are not tried", "N"),
-        Flag("contain_max_candidates", "pages tried for containment per kept page", "N"),
-    ],
-    "recrawls (a URL holds one version: a page whose URL has a kept version is unchanged, "
-    "or a changed version that replaces it; docs/reference.md)": [
-        Flag("url_ignore_params", "query parameters that do not make another URL, removed "
-             "before w3lib's canonicalize_url gives a URL's normal form (scheme and host "
-             "lower-cased, default port and fragment dropped, percent-encoding and query "
-             "order made uniform): names or patterns, comma-separated, e.g. 'utm_*,"
-             "sessionid,jsessionid,phpsessid'", "NAMES"),
-    ],
-    "index (what the filter remembers)": [
-        Flag("index", "memory (gone on exit), lsm (RocksDB on disk; restarts and crashes "
-             "are invisible in the decisions) or redis (shared: every instance on the same "
-             "Redis decides as one; see docs/scale-out.md)",
-             choices=["memory", "lsm", "redis"]),
-        Flag("index_path", "the LSM index directory (only with --index lsm)", "DIR"),
-        Flag("redis_url", "redis: any node of a Redis Cluster (the rest is discovered) or "
-             "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
-             "comma-separated, so a start does not depend on one node", "URL"),
-        Flag("redis_buckets", "redis: bucket hashes per hash tag (1,024 tags), fixed when the "
-             "index is made; the default suits up to ~2.5M pages held: take pages / 18,000 "
-             "(pages / 30,000 with --bands 0; docs/scale-out.md)", "N"),
-        Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
-             "their shingle sets ~5.2 KB of Redis RAM a mean web page; ~730 B with "
-             "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
-             "index holds ~410 B a page (~260 with --bands 0) (default: in the index's Redis)",
-             "URL"),
-        Flag("warm_from", "start a memory index with the pages of an LSM index (a "
-             "snapshot)", "DIR"),
-        Flag("memory_records", "memory index: where what only verification reads (sketch, "
-             "shingle set, LD signature: ~640 B + 4 a shingle up to 8,192, ~5 KB a mean web "
-             "page) lives: disk (an unlinked temporary file; ~240 B a page of RAM) or ram "
-             "(all of it in RAM)", choices=["disk", "ram"]),
-        Flag("memory_records_dir", "memory index: the directory of that file (default: "
-             "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
-             "RAM)", "DIR"),
-        Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
-             "running (0 = never)", "DAYS"),
-    ],
-    "Kafka": [
-        Flag("bootstrap_servers", "Kafka brokers", "HOST:PORT[,..]"),
-        Flag("input_topic", "crawled pages in", "TOPIC", serve_only=True),
-        Flag("decisions_topic", "one decision per page, keyed by URL", "TOPIC",
-             serve_only=True),
-        Flag("kept_topic", "forward the original message of every kept page here (empty: "
-             "off)", "TOPIC", serve_only=True),
-        Flag("dead_letter_topic", "original bytes + error headers of bad input", "TOPIC",
-             serve_only=True),
-        Flag("group_id", "consumer group", "ID", serve_only=True),
-        Flag("input_format", "json: value is a page object; html: value is HTML, key is "
-             "the URL, metadata in headers", choices=["json", "html"], serve_only=True),
-        Flag("recent_decisions", "decisions remembered for records delivered again (by "
-             "position and body)", "N", serve_only=True),
-    ],
-    "throughput": [
-        Flag("batch_size", "records decided, delivered and committed together", "N"),
-        Flag("workers", "cores for parsing and sketching: the deciding thread and N-1 "
-             "worker processes", "N"),
-    ],
-    "HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats); a bearer token for "
-    "/v1/* from STREAM_DEDUP_HTTP_TOKEN or the config file's http_token, never a flag "
-    "(default: none, the API is open)": [
-        Flag("http_host", "address to listen on (0.0.0.0 in a container)", "ADDR"),
-        Flag("http_port", "port to listen on, 0 = off", "PORT",
-             replay_help="serve the HTTP API on PORT while replaying (default: off)"),
-        Flag("stall_seconds", "/readyz fails when records wait and no batch finished for "
-             "S seconds", "S", serve_only=True),
-    ],
-}
-_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.init}
-
-
-def _shown(value: object) -> str:
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return repr(value) if value == "" else str(value)
-
-
-def _setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
-    """The flags of every setting the command uses, built from SETTING_FLAGS."""
-    parser.add_argument("--config", metavar="FILE", help="TOML file with settings (a "
-                        "[stream_dedup] table or top level); the environment "
-                        "(STREAM_DEDUP_<NAME>) wins over it, flags win over both")
-    for title, flags in SETTING_FLAGS.items():
-        group = parser.add_argument_group(title)
-        for flag in flags:
-            if flag.serve_only and not serve:
-                continue
-            default = _DEFAULTS[flag.name]
-            text = (flag.replay_help if flag.replay_help and not serve else
-                    f"{flag.help} [env {ENV_PREFIX}{flag.name.upper()}, default "
-                    f"{_shown(default)}]").replace("%", "%%")
-            option = "--" + flag.name.replace("_", "-")
-            if isinstance(default, bool):
-                group.add_argument(option, action=argparse.BooleanOptionalAction,
-                                   default=None, help=text)
-            else:
-                kind = {int: lambda v: int(v, 0), float: float}.get(type(default), str)
-                group.add_argument(option, type=kind, metavar=flag.metavar,
-                                   choices=flag.choices, help=text)
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    overrides = {name: getattr(args, name, None) for name in Settings.names()}
-    return Settings.load(config_file=args.config, overrides=overrides)
-
-
 def _logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -268,7 +89,7 @@ def _serve(args: argparse.Namespace) -> int:
     _logging(args.log_level)
     load_tables()
     faults = Faults.parse(args.crash_at, exit=True) if args.crash_at else None
-    settings = _settings(args)
+    settings = settings_of(args)
     _settle_gc()
     return asyncio.run(serve(settings, faults=faults))
 
@@ -303,7 +124,7 @@ def _replay(args: argparse.Namespace) -> int:
     from .replay import replay
     from .sinks import JsonlSink
 
-    settings = _settings(args)
+    settings = settings_of(args)
     if args.to_kafka and args.output:
         raise ConfigError("-o/--output and --to-kafka exclude each other: --to-kafka sends "
                           "the pages to Kafka for `serve` to decide, and writes no decisions")
@@ -497,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "replay before it starts (exit 2), and any other unreadable one makes "
                     "it exit 1 at the end")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
-    _setting_flags(rp, serve=False)
+    setting_flags(rp, serve=False)
     rp.set_defaults(func=_replay)
 
     sv = sub.add_parser("serve", help="the Kafka service: pages topic in, decisions out",
@@ -512,7 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Crash tests only: exit at once (code 70, nothing cleaned up) at a kill point of the
     # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch).
     sv.add_argument("--crash-at", metavar="POINT[:BATCH]", help=argparse.SUPPRESS)
-    _setting_flags(sv, serve=True)
+    setting_flags(sv, serve=True)
     sv.set_defaults(func=_serve)
 
     ip = sub.add_parser("index", help="inspect or maintain an LSM index: stats, compact, export",

@@ -37,18 +37,13 @@ pages count (a dropped page is not indexed: no drift by chaining).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from time import perf_counter
-
-import numpy as np
 
 from .config import Settings
 from .core import ldsig
 from .core.sketch import jaccard, overlap, resemblance
-from .errors import PageError
 from .index.base import (
     Answer,
     StoredDoc,
@@ -70,97 +65,20 @@ from .models import (
     VERIFIED_DISTINCT,
     Contained,
     Decision,
-    DuplicateOf,
-    Page,
-    Previous,
+)
+from .verdicts import (
+    OVERLAY,
+    Analysis,
+    BatchDocs,
+    Overlay,
+    Verdict,
+    drop_verdict,
+    keep_verdict,
+    previous_of,
+    warc_digest,
 )
 
 _U64_SPAN = float(1 << 64)
-_NO_FEATURES = np.zeros(0, dtype=np.uint64)  # a short page's (read only, like every array here)
-_NO_SKETCH = np.zeros(0, dtype=np.uint32)
-# Handles of the batch's own kept pages: above every stored handle (they are the newest).
-OVERLAY = 1 << 128
-
-
-@dataclass(slots=True)
-class Analysis:
-    """What the pure stages compute for one page (picklable: crosses process pools).
-    Never changed once made; not declared frozen only because a frozen dataclass costs
-    1.3 µs to build instead of 0.23, twice a page. `canonical_fp` None with no error: only
-    the raw fingerprint was computed (an exact copy of a stored page needs no more)."""
-
-    page: Page
-    raw_fp: int
-    canonical_fp: int | None = None
-    text_length: int = 0
-    shingle_count: int = 0
-    sketch: np.ndarray | None = None
-    features: np.ndarray | None = None  # the k features, then the band keys: index keys
-    ld_signature: bytes = b""
-    error: PageError | None = None
-    canonical_s: float = 0.0  # seconds in decode + extract + canonicalize
-    sketch_s: float = 0.0  # seconds in shingles + sketch + features + LD signature (0: not run)
-    # The body's length, when the page comes without its body (read and analysed in a
-    # worker process: the body need not cross back); None: len(page.body).
-    body_bytes: int | None = None
-    # Its shingles' top 32 bits (sketch.shingle_tops), for exact verification; b"": none
-    shingles: bytes = b""
-
-
-@dataclass(slots=True)
-class Verdict:
-    """A decision and what the index must store for it. `decision` None: the page was
-    only fingerprinted and its stored copy is gone (retention): analyse it and decide again."""
-
-    decision: Decision | None
-    doc: StoredDoc | None = None  # a kept page's record
-    depends_on: int | None = None  # a drop of a page kept earlier in this batch: its index
-    verify_s: float = 0.0
-    # A kept new version of a URL: the stored version it replaces (a handle), or the index
-    # of the page of this batch that was the URL's version
-    replaces: int | None = None
-    replaces_in_batch: int | None = None
-
-
-class Overlay:
-    """The pages kept so far in this batch, as the index would hold them."""
-
-    def __init__(self) -> None:
-        self.docs: list[StoredDoc] = []
-        self.batch_index: list[int] = []
-        self.raw: dict[int, int] = {}
-        self.canonical: dict[int, int] = {}
-        self.postings: dict[int, list[int]] = {}
-        self.urls: dict[int, int] = {}  # url key -> the handle of its newest version
-        self.retired: set[int] = set()  # versions replaced in this batch (any handle)
-
-    def add(self, doc: StoredDoc, batch_index: int, replaces: int | None) -> None:
-        handle = OVERLAY + len(self.docs)
-        self.docs.append(doc)
-        self.batch_index.append(batch_index)
-        if replaces is not None:
-            self.retired.add(replaces)
-        if doc.url_key:
-            self.urls[doc.url_key] = handle
-        self.raw.setdefault(doc.raw_fp, handle)
-        if doc.text_length > 0:
-            self.canonical.setdefault(doc.canonical_fp, handle)
-        for feature in doc.features.tolist():
-            self.postings.setdefault(feature, []).append(handle)
-
-
-class _Docs:
-    """Records by handle: the overlay's, else the index's answer."""
-
-    __slots__ = ("answer", "overlay")
-
-    def __init__(self, answer: Answer, overlay: Overlay) -> None:
-        self.answer, self.overlay = answer, overlay
-
-    def __getitem__(self, handle: int) -> StoredDoc:
-        if handle >= OVERLAY:
-            return self.overlay.docs[handle - OVERLAY]
-        return self.answer.docs[handle]
 
 
 def decide_batch(
@@ -201,7 +119,7 @@ def _version(key: int, answer: Answer, overlay: Overlay) -> int | None:
 
 def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s: Settings,
             keep_ids: bool) -> Verdict:
-    docs = _Docs(answer, overlay)
+    docs = BatchDocs(answer, overlay)
     version = _version(key, answer, overlay)
     if a.page.revisit is not None:
         return _revisit(a, version, docs, overlay)
@@ -213,19 +131,15 @@ def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s
         return same
     if keep_ids and prev.page_id > pid >= TIMED_IDS:  # a late fetch: the version is newer
         return Verdict(Decision(a.page.url, "drop", SUPERSEDED, source=a.page.source,
-                                fetched_at=a.page.fetched_at, previous=_previous(prev),
+                                fetched_at=a.page.fetched_at, previous=previous_of(prev),
                                 cluster=prev.page_id))
     v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version)
     if v.decision is not None and v.decision.decision == "drop":  # a copy of another URL
-        v.decision = replace(v.decision, previous=_previous(prev))
+        v.decision = replace(v.decision, previous=previous_of(prev))
     return v
 
 
-def _previous(prev: StoredDoc, match: str | None = None) -> Previous:
-    return Previous(prev.page_id, prev.url, prev.fetched_at, match)
-
-
-def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, docs: _Docs,
+def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, docs: BatchDocs,
                   overlay: Overlay, s: Settings) -> Verdict | None:
     """`unchanged` when the page is its URL's kept version again: the same bytes, the same
     canonical text, or a near-duplicate of it by the verification any near-duplicate gets;
@@ -235,12 +149,12 @@ def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, do
     fingerprints are the page's."""
     mine = version >= OVERLAY
     if a.raw_fp == prev.raw_fp if mine else answer.raw == version:
-        return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, EXACT)
+        return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, EXACT)
     if a.canonical_fp is None:
         return Verdict(None)
     if a.text_length > 0 and prev.text_length > 0 and (
             a.canonical_fp == prev.canonical_fp if mine else answer.canonical == version):
-        return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), prev, CANONICAL)
+        return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, CANONICAL)
     if a.shingle_count < s.min_shingles or a.sketch is None or prev.sketch.shape[0] == 0:
         return None
     started = perf_counter()
@@ -257,17 +171,12 @@ def _unchanged(a: Analysis, v: Verdict, prev: StoredDoc, match: str) -> Verdict:
     digest = page.payload_digest
     if digest is None and page.body and a.body_bytes is None:
         digest = warc_digest(page.body)
-    v.decision = replace(v.decision, duplicate_of=None, previous=_previous(prev, match),
+    v.decision = replace(v.decision, duplicate_of=None, previous=previous_of(prev, match),
                          payload_digest=digest)
     return v
 
 
-def warc_digest(payload: bytes) -> str:
-    """A payload's digest as WARC writes it (WARC-Payload-Digest): sha1, base32."""
-    return "sha1:" + base64.b32encode(hashlib.sha1(payload).digest()).decode("ascii")
-
-
-def _revisit(a: Analysis, version: int | None, docs: _Docs, overlay: Overlay) -> Verdict:
+def _revisit(a: Analysis, version: int | None, docs: BatchDocs, overlay: Overlay) -> Verdict:
     page = a.page
     assert page.revisit is not None
     if version is None:
@@ -277,11 +186,11 @@ def _revisit(a: Analysis, version: int | None, docs: _Docs, overlay: Overlay) ->
             fetched_at=page.fetched_at,
             error=f"a revisit record ({page.revisit.profile.rsplit('/', 1)[-1]}) refers to "
                   f"{uri}, of which the index holds no version"))
-    return _unchanged(a, _drop(a, UNCHANGED, version, docs, overlay), docs[version],
+    return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), docs[version],
                       "revisit")
 
 
-def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
+def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: BatchDocs,
                  overlay: Overlay, s: Settings, keep_ids: bool, version: int | None
                  ) -> Verdict:
     """The checks against other pages (`version`, the URL's kept version, is not one)."""
@@ -290,7 +199,7 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
     if first is None or first in overlay.retired:
         first = overlay.raw.get(a.raw_fp)
     if first is not None and first not in overlay.retired:
-        return _drop(a, EXACT, first, docs, overlay)
+        return drop_verdict(a, EXACT, first, docs, overlay)
     if a.canonical_fp is None:
         return Verdict(None)  # fingerprinted only, and its stored copy is gone
     if a.text_length > 0:  # pages without visible text are not "the same text"
@@ -298,9 +207,9 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
         if first is None or first in overlay.retired:
             first = overlay.canonical.get(a.canonical_fp)
         if first is not None and first not in overlay.retired:
-            return _drop(a, CANONICAL, first, docs, overlay)
+            return drop_verdict(a, CANONICAL, first, docs, overlay)
     if a.shingle_count < s.min_shingles:
-        return _keep(a, pid, key, kept, keep_ids, docs, version, short=True)
+        return keep_verdict(a, pid, key, kept, keep_ids, docs, version, short=True)
     if a.sketch is None or a.features is None:
         raise ValueError("decide_batch needs a sketched Analysis for a long page")
     keys, postings = a.features.tolist(), answer.postings
@@ -327,7 +236,7 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: _Docs,
     return v
 
 
-def _resemble(a: Analysis, pid: int, key: int, kept: str, keep_ids: bool, docs: _Docs,
+def _resemble(a: Analysis, pid: int, key: int, kept: str, keep_ids: bool, docs: BatchDocs,
               overlay: Overlay, s: Settings, version: int | None,
               found: list[tuple[int, int]], weak: list[tuple[int, int]]) -> Verdict:
     """The resemblance tiers: near (>= r features), near-verified (weak candidates)."""
@@ -338,25 +247,25 @@ def _resemble(a: Analysis, pid: int, key: int, kept: str, keep_ids: bool, docs: 
         if confirmed is not None:
             confirmed.verify_s = perf_counter() - started
             return confirmed
-        v = _keep(a, pid, key, kept, keep_ids, docs, version)
+        v = keep_verdict(a, pid, key, kept, keep_ids, docs, version)
         v.verify_s = perf_counter() - started
         return v
     if not found:
-        return _keep(a, pid, key, kept, keep_ids, docs, version)
+        return keep_verdict(a, pid, key, kept, keep_ids, docs, version)
     if not sampled(a.canonical_fp, s.verify_rate):
         best, shared = found[0]
-        return _drop(a, NEAR, best, docs, overlay, shared=shared)
+        return drop_verdict(a, NEAR, best, docs, overlay, shared=shared)
     started = perf_counter()
     confirmed, (res, ld, j) = _verify(a, found, docs, overlay, s)
     if confirmed is None:
-        confirmed = _keep(a, pid, key, VERIFIED_DISTINCT if version is None else CHANGED,
+        confirmed = keep_verdict(a, pid, key, VERIFIED_DISTINCT if version is None else CHANGED,
                           keep_ids, docs, version, shared=found[0][1], resemblance=res, ld=ld,
                           jaccard=j)
     confirmed.verify_s = perf_counter() - started
     return confirmed
 
 
-def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, docs: _Docs,
+def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, docs: BatchDocs,
                  overlay: Overlay, s: Settings, gone: set[int]) -> Verdict:
     """A page about to be kept: dropped as `contained` when at least contain_min of its
     shingles are in an earlier kept page, else `contains` lists the earlier kept pages that
@@ -374,7 +283,7 @@ def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, do
             continue
         n_a, n_b, common = overlap(a.shingles, doc.shingles)
         if n_a and common >= s.contain_min * n_a and a.shingle_count >= s.contain_min_shingles:
-            dropped = _drop(a, CONTAINED, handle, docs, overlay,
+            dropped = drop_verdict(a, CONTAINED, handle, docs, overlay,
                             jaccard=common / (n_a + n_b - common), verified=True,
                             containment=round(common / n_a, 4))
             dropped.verify_s = v.verify_s + perf_counter() - started
@@ -398,7 +307,7 @@ def sampled(canonical_fp: int | None, rate: float) -> bool:
 
 
 def _verify(
-    a: Analysis, found: list[tuple[int, int]], docs: _Docs, overlay: Overlay, s: Settings,
+    a: Analysis, found: list[tuple[int, int]], docs: BatchDocs, overlay: Overlay, s: Settings,
     reason: str = NEAR, min_resemblance: float | None = None,
 ) -> tuple[Verdict | None, tuple[float, float, float | None]]:
     """The confirmed near-duplicate verdict (or None), and the first candidate's
@@ -428,49 +337,7 @@ def _verify(
                 ld = ldsig.estimate(a.ld_signature, doc.ld_signature, s.ld_c)
             first_seen = (res, float(ld), j)
         if close and ratio <= s.verify_max_ld_ratio:
-            return _drop(a, reason, handle, docs, overlay, shared=shared, resemblance=res,
+            return drop_verdict(a, reason, handle, docs, overlay, shared=shared, resemblance=res,
                          ld=float(ld), jaccard=j, verified=True), (res, float(ld), j)
     return None, first_seen or (0.0, 0.0, None)  # (0, 0) only for NEAR_VERIFIED: not reported
 
-
-def _keep(
-    a: Analysis, pid: int, key: int, reason: str, keep_ids: bool, docs: _Docs,
-    version: int | None, *, short: bool = False, shared: int = 0,
-    resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
-) -> Verdict:
-    assert a.canonical_fp is not None
-    page_id = pid if keep_ids else None
-    page = a.page
-    doc = StoredDoc(
-        page.url,
-        a.features if a.features is not None else _NO_FEATURES,
-        a.sketch if a.sketch is not None else _NO_SKETCH,
-        a.ld_signature, a.text_length, a.raw_fp, a.canonical_fp, page.fetched_at,
-        pid, a.shingles, key,
-    )
-    previous = None if version is None else _previous(docs[version])
-    v = Verdict(Decision(
-        page.url, "keep", reason, page_id=page_id, shared_features=shared,
-        resemblance=resemblance, ld_estimate=ld, jaccard=jaccard, short=short,
-        source=page.source, fetched_at=page.fetched_at, previous=previous, cluster=page_id,
-    ), doc)
-    if version is not None and version >= OVERLAY:
-        v.replaces_in_batch = docs.overlay.batch_index[version - OVERLAY]
-    else:
-        v.replaces = version
-    return v
-
-
-def _drop(
-    a: Analysis, reason: str, handle: int, docs: _Docs, overlay: Overlay, *, shared: int = 0,
-    resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
-    verified: bool = False, containment: float | None = None,
-) -> Verdict:
-    first = docs[handle]
-    depends_on = overlay.batch_index[handle - OVERLAY] if handle >= OVERLAY else None
-    return Verdict(Decision(
-        a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
-        shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
-        verified=verified, source=a.page.source, fetched_at=a.page.fetched_at,
-        containment=containment, cluster=first.page_id,
-    ), depends_on=depends_on)

@@ -38,15 +38,21 @@ def two(redis_url: str, request: pytest.FixtureRequest
         ) -> Iterator[tuple[RedisIndex, RedisIndex]]:
     """Two instances on one index; the verification records in its Redis, or in another
     (--redis-records-url: a single Redis here)."""
+    a, b = open_two(redis_url, request)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def open_two(redis_url: str, request: pytest.FixtureRequest) -> tuple[RedisIndex, RedisIndex]:
+    """Two instances on one emptied index, the records where `request.param` says."""
     flush_redis(redis_url)
     store = ""
     if request.param == "records in a store":
         store = request.getfixturevalue("redis_single_url")
         flush_redis(store)
     a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, records_url=store) for _ in range(2))
-    yield a, b
-    a.close()
-    b.close()
+    return a, b
 
 
 OLD_PAGE = analysis("http://x/old", TEXT)

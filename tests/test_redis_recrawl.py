@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from indexkit import flush_redis
-from test_redis_protocol import SETTINGS, analysis, ask, claim, decide, finish
+from test_redis_protocol import SETTINGS, analysis, ask, claim, decide, finish, open_two
 
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.decide import Analysis, decide_batch
@@ -40,12 +39,7 @@ FIRST, SECOND, THIRD = (analysis(URL, text(s)) for s in (1, 2, 3))
 def two(redis_url: str, request: pytest.FixtureRequest
         ) -> Iterator[tuple[RedisIndex, RedisIndex]]:
     """Two instances on one index (as test_redis_protocol's), the URL's version V0 kept."""
-    flush_redis(redis_url)
-    store = ""
-    if request.param == "records in a store":
-        store = request.getfixturevalue("redis_single_url")
-        flush_redis(store)
-    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, records_url=store) for _ in range(2))
+    a, b = open_two(redis_url, request)
     v0 = finish(a, FIRST, V0, KEY)
     assert (v0.decision.decision, v0.decision.reason) == ("keep", "unique")
     yield a, b

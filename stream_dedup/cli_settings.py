@@ -138,6 +138,18 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("recent_decisions", "decisions remembered for records delivered again (by "
              "position and body)", "N", serve_only=True),
     ],
+    "exactly-once (Kafka transactions: read outputs with isolation.level=read_committed)": [
+        Flag("exactly_once", "commit each batch's decisions, kept pages, dead letters and "
+             "input offsets in one Kafka transaction, one transactional id per input "
+             "partition (<group-id>-<topic>-<partition>: a stalled instance is fenced); a "
+             "memory or LSM index is restored from the changelog topic at start, so a crash "
+             "changes no decision", serve_only=True),
+        Flag("changelog_topic", "the index's changes, written in each batch's transaction "
+             "(compacted, one partition; default <group-id>-index-changelog)", "TOPIC",
+             serve_only=True),
+        Flag("transaction_timeout_s", "the broker aborts a transaction open longer than "
+             "this (a stalled instance's batch comes again)", "S", serve_only=True),
+    ],
     "throughput": [
         Flag("batch_size", "records decided, delivered and committed together", "N"),
         Flag("workers", "cores for parsing and sketching: the deciding thread and N-1 "

@@ -93,6 +93,11 @@ class Settings:
     batch_size: int = 500  # records decided, delivered and committed together (serve, replay)
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
+    # Kafka transactions (transactions.py): a batch's outputs and input offsets commit
+    # together, once; a memory or LSM index is restored from `changelog_topic` at start
+    exactly_once: bool = False
+    changelog_topic: str = ""  # "": "<group_id>-index-changelog"
+    transaction_timeout_s: float = 60.0  # the broker aborts a transaction open this long
     # --- the HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats) ---
     http_host: str = "127.0.0.1"
     http_port: int = 8080  # 0: no HTTP server
@@ -184,7 +189,7 @@ class Settings:
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
             raise ConfigError("input, decisions and dead-letter topics must be named")
         for topic in (self.input_topic, self.decisions_topic, self.kept_topic,
-                      self.dead_letter_topic):
+                      self.dead_letter_topic, self.changelog_topic):
             if topic and (not _TOPIC.fullmatch(topic) or topic in (".", "..")):
                 raise ConfigError(f"{topic!r} is not a valid Kafka topic name (1-249 of "
                                   "a-z A-Z 0-9 . _ -)")
@@ -194,6 +199,14 @@ class Settings:
             raise ConfigError("the input, decisions, kept and dead-letter topics must be four "
                               "different topics (an output written to the input topic would "
                               "be read again, without end)")
+        if self.exactly_once and self.changelog() in (self.input_topic, *outputs):
+            raise ConfigError(f"the changelog topic {self.changelog()!r} must be a topic of "
+                              "its own (not the input or an output)")
+        if self.exactly_once and self.warm_from:
+            raise ConfigError("warm_from cannot be used with exactly_once: the memory index "
+                              "is restored from the changelog topic")
+        if self.transaction_timeout_s <= 0:
+            raise ConfigError("transaction_timeout_s must be > 0")
         if not 0 <= self.http_port <= 65535:
             raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
         if self.stall_seconds <= 0:
@@ -203,6 +216,10 @@ class Settings:
     def contains_on(self) -> bool:
         """Whether containment is decided (it needs the shingle sets: verify_exact)."""
         return self.contain_min > 0 and self.contain_keys > 0 and self.verify_exact
+
+    def changelog(self) -> str:
+        """The changelog topic of the index (exactly-once, memory and LSM indexes)."""
+        return self.changelog_topic or f"{self.group_id}-index-changelog"
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -25,10 +25,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from .decide import Analysis
-from .index.base import FeatureIndex, Plan
+from .index.base import Change, FeatureIndex, Plan
 from .models import Decision, Page, Rejected
 
-KILL_POINTS = ("before-deliver", "before-index-commit", "before-source-commit")
+# before-transaction-commit: --exactly-once only, every output sent in the batch's
+# transaction, the transaction not committed
+KILL_POINTS = ("before-deliver", "before-transaction-commit", "before-index-commit",
+               "before-source-commit")
 CRASH_EXIT = 70  # the exit code of a process that a kill point ended
 
 
@@ -41,6 +44,9 @@ class Batch:
     # The records' analyses, when the source made them (files read and analysed in worker
     # processes, sources/units.py): analyses[i] is records[i]'s (None: a reject, or none).
     analyses: list[Analysis | None] | None = None
+    # The pages the batch kept, when the index keeps a changelog (Deduplicator.journal):
+    # written in the batch's transaction (transactions.py)
+    changes: list[Change] = field(default_factory=list)
 
     @classmethod
     def of(cls, entries: Iterable[tuple[str, int, Any]], received: float | None = None) -> Batch:

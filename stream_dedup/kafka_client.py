@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -91,8 +91,9 @@ def make_consumer(s: Settings, failed: Callable[[], None]) -> AIOKafkaConsumer:
 
 
 def make_producer(s: Settings, failed: Callable[[], None],
-                  max_batch: int = DEFAULT_BATCH) -> AIOKafkaProducer:
-    producer = AIOKafkaProducer(**producer_kwargs(s, max_batch))
+                  max_batch: int = DEFAULT_BATCH, **extra: Any) -> AIOKafkaProducer:
+    """`extra`: more keyword arguments (a transactional id and its timeout)."""
+    producer = AIOKafkaProducer(**producer_kwargs(s, max_batch), **extra)
     throttle_metadata(producer.client, failed)
     return producer
 
@@ -311,21 +312,25 @@ class Limits:
 TOPIC_ALREADY_EXISTS = 36  # another instance created it meanwhile: as good as created
 
 
-async def ensure_topics(s: Settings, topics: list[str]) -> list[str]:
+async def ensure_topics(s: Settings, topics: list[str], compacted: Sequence[str] = ()
+                        ) -> list[str]:
     """Create those of `topics` the cluster does not have, with the broker's default
-    partitions and replication; the ones created. One that cannot be created (no ACL, an
-    old broker) is logged with what to do, not fatal: the broker may still create it on
-    first use."""
+    partitions and replication, and those of `compacted` with one partition and
+    cleanup.policy=compact (the index's changelog); the ones created. One that cannot be
+    created (no ACL, an old broker) is logged with what to do, not fatal: the broker may
+    still create it on first use."""
     admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
     try:
         await asyncio.wait_for(admin.start(), 10)
         existing = set(await asyncio.wait_for(admin.list_topics(), 10))
-        missing = [t for t in topics if t not in existing]
+        missing = [t for t in [*topics, *compacted] if t not in existing]
         if not missing:
             return []
-        # -1, -1 and no assignment: the broker's num.partitions and default.replication.factor
-        response = await asyncio.wait_for(admin.create_topics(
-            [NewTopic(t, -1, -1, replica_assignments={}) for t in missing]), 30)
+        # -1 and no assignment: the broker's num.partitions and default.replication.factor
+        response = await asyncio.wait_for(admin.create_topics([
+            NewTopic(t, 1, -1, replica_assignments={},
+                     topic_configs={"cleanup.policy": "compact"}) if t in compacted else
+            NewTopic(t, -1, -1, replica_assignments={}) for t in missing]), 30)
         created = []
         for topic, code, message in response.topic_errors:
             if code == TOPIC_ALREADY_EXISTS:

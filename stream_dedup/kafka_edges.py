@@ -254,6 +254,12 @@ class KafkaSink:
 
     async def deliver(self, batch: Batch, items: Sequence[Page | Rejected],
                       decisions: Sequence[Decision], stop: asyncio.Event) -> None:
+        await self._send(self.messages(batch, items, decisions), stop)
+        self.metrics.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
+
+    def messages(self, batch: Batch, items: Sequence[Page | Rejected],
+                 decisions: Sequence[Decision]) -> list[Message]:
+        """Every output of the batch, each within its topic's limit."""
         messages: list[Message] = []
         for record, item, d in zip(batch.records, items, decisions, strict=True):
             for_record, reduced = messages_for(as_record(record), item, d, self.topics,
@@ -263,8 +269,7 @@ class KafkaSink:
                 self.metrics.reduced.labels(output).inc()
                 log.warning("%s: the %s for this record is larger than its topic accepts; "
                             "sent reduced", item.source, output)
-        await self._send(messages, stop)
-        self.metrics.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
+        return messages
 
     async def _send(self, messages: list[Message], stop: asyncio.Event) -> None:
         """Send every message until the broker acknowledged each: only the ones that failed

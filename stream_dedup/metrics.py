@@ -159,6 +159,15 @@ class Metrics:
                                     "because the index could not answer (a shared index's "
                                     "node down...); each is tried again with backoff",
                                     ["operation"], registry=r)
+        self.transactions = Counter("stream_dedup_kafka_transactions", "Kafka transactions "
+                                    "(--exactly-once), by outcome: committed, aborted (the "
+                                    "batch comes again, the index is reopened)", ["outcome"],
+                                    registry=r)
+        for outcome in ("committed", "aborted"):
+            self.transactions.labels(outcome)
+        self.restored = Counter("stream_dedup_index_restored_pages", "Kept pages replayed "
+                                "from the changelog topic into the index (--exactly-once)",
+                                registry=r)
         self.log_dropped = Counter("stream_dedup_log_lines_dropped", "Repeated Kafka client "
                                    "log lines dropped by the rate limit", registry=r)
         # --- HTTP API --------------------------------------------------------------------

@@ -31,7 +31,7 @@ from .core.urls import UrlKeys
 from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
-from .index.base import WAIT, Claim, FeatureIndex, Plan, Probe
+from .index.base import WAIT, Change, Claim, FeatureIndex, Plan, Probe
 from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
 
 log = logging.getLogger("stream_dedup")
@@ -137,6 +137,9 @@ class Deduplicator:
         # Ids of the pages of a batch that failed (IndexUnavailable), by object: kept alive
         # here, so an id() cannot be reused by another page meanwhile.
         self._retry_ids: dict[int, tuple[Page, int]] = {}
+        # The kept pages of the batches since take_journal, for a changelog (exactly-once
+        # with a local index); None: not kept.
+        self.journal: list[Change] | None = None
 
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
@@ -320,10 +323,12 @@ class Deduplicator:
                                     [ans for _, ans in live], self.settings,
                                     url_keys=[keys[k] for k, _ in live])
             decided = perf_counter()
-            won = self.index.claim([
-                Claim(_probe(analyses[k], ids[k], keys[k]), v.doc, v.decision, v.depends_on,
-                      v.replaces, v.replaces_in_batch)
-                for (k, _), v in zip(live, verdicts, strict=True)])
+            claims = [Claim(_probe(analyses[k], ids[k], keys[k]), v.doc, v.decision,
+                            v.depends_on, v.replaces, v.replaces_in_batch)
+                      for (k, _), v in zip(live, verdicts, strict=True)]
+            won = self.index.claim(claims)
+            if self.journal is not None:
+                self._journal(claims, won)
             index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
             if not all(won):
                 contended += 1
@@ -344,6 +349,24 @@ class Deduplicator:
                 a = analyses[k]
                 out[pages[k][0]] = v.decision
                 times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
+
+    def _journal(self, claims: list[Claim], won: list[bool]) -> None:
+        """Note the kept pages of a claim, with the page id of the version each replaced."""
+        docs = self.index.records()
+        for c, ok in zip(claims, won, strict=True):
+            if ok and c.doc is not None:
+                replaced = (claims[c.replaces_claim].probe.page_id
+                            if c.replaces_claim is not None
+                            else None if c.replaces is None else docs[c.replaces].page_id)
+                self.journal.append(Change(c.doc, replaced))  # type: ignore[union-attr]
+
+    def take_journal(self) -> list[Change]:
+        """The kept pages since the last call (changelog.py writes them), when journaling."""
+        with self.lock:
+            if self.journal is None:
+                return []
+            taken, self.journal = self.journal, []
+            return taken
 
     def url_key(self, page: Page) -> int:
         """The key of the page's URL (for a revisit record, of the URL it refers to)."""
@@ -374,6 +397,18 @@ class Deduplicator:
     def close(self) -> None:
         with self.lock:
             self.index.close()
+
+    def reopen(self) -> None:
+        """Close the index and open it again as it was last committed (a memory index:
+        empty), forgetting every decision remembered since: after a transaction that was
+        not committed, what was decided in it never happened."""
+        with self.lock:
+            self.index.close()
+            self.index = index_for(self.settings, getattr(self.observer, "redis_call", None))
+            self._recent.clear()
+            self._retry_ids = {}
+            if self.journal is not None:
+                self.journal = []
 
     def reject(self, item: Rejected) -> Decision:
         return self._reject(item, len(item.raw or b""), _NOT_RUN)

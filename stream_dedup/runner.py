@@ -113,6 +113,7 @@ class Runner:
         pool: AnalysisPool | None = None,
         metrics: Metrics | None = None,
         faults: Faults | None = None,
+        stats: RunStats | None = None,
     ) -> None:
         self.settings = settings
         self.dedup = dedup
@@ -121,7 +122,7 @@ class Runner:
         self.pool = pool
         self.metrics = metrics or Metrics(settings, process=False)
         self.faults = faults or Faults()
-        self.stats = RunStats()
+        self.stats = stats or RunStats()
         self.index_ok = True  # False while the index is unavailable (/readyz reports it)
         self.index_problem = ""
         self._next_warning = 0.0
@@ -238,7 +239,9 @@ class Runner:
         items = [self.source.item(record) for record in batch.records]
         if batch.plan:
             self.dedup.begin(batch.plan)
-        return items, self._check(items, batch.analyses)
+        decisions = self._check(items, batch.analyses)
+        batch.changes = self.dedup.take_journal()
+        return items, decisions
 
     def _check(self, items: list[Page | Rejected],
                analysed: list[Analysis | None] | None = None) -> list[Decision]:

@@ -41,8 +41,15 @@ from .kafka_client import (
 from .kafka_edges import KafkaSink, KafkaSource
 from .metrics import Metrics
 from .pipeline import AnalysisPool, Deduplicator
-from .runner import Abandoned, Runner, within_grace
+from .runner import Abandoned, Runner, RunStats, pause, within_grace
 from .sources.warc import SourceStats
+from .transactions import (
+    Producers,
+    TransactionalSink,
+    TransactionalSource,
+    TransactionFailed,
+    restore_index,
+)
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -116,20 +123,48 @@ class Service:
         self.task: asyncio.Task[int] | None = None
 
     async def run(self) -> int:
-        settings, stop = self.settings, self.stop
+        settings = self.settings
         # Loading an index may take a while; /healthz answers and /readyz says so meanwhile.
         try:
             dedup = await asyncio.to_thread(Deduplicator, settings, None, self.metrics)
         except StreamDedupError as exc:
             log.error("cannot open the index: %s", exc)
             return 2
+        if settings.exactly_once and settings.index != "redis":
+            dedup.journal = []  # the changelog of the index (transactions.py)
         self.api.dedup = dedup
         pool = AnalysisPool(settings, settings.workers) if settings.workers > 1 else None
         if pool is not None:
             pool.start()  # in the background: a service runs long enough to use them
-        m = self.metrics
-        quiet_aiokafka_logs(on_drop=m.log_dropped.inc)
+        quiet_aiokafka_logs(on_drop=self.metrics.log_dropped.inc)
+        stats = RunStats()
+        try:
+            while True:
+                try:
+                    return await self._session(dedup, pool, stats)
+                except TransactionFailed as exc:
+                    log.warning("%s; starting over from the last commit: the index reopened "
+                                "and restored, the group joined again", exc)
+                    await asyncio.to_thread(dedup.reopen)
+                    await pause(self.stop, 1.0)
+                    if self.stop.is_set():
+                        return 0
+        finally:
+            if pool is not None:
+                pool.shutdown()
+            await asyncio.to_thread(dedup.close)
+            log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",
+                     stats.records, stats.batches, f"; {stats.abandoned} records of the batch "
+                     "in flight were not, and will be delivered again" if stats.abandoned
+                     else "", stats.decisions)
+
+    async def _session(self, dedup: Deduplicator, pool: AnalysisPool | None,
+                       stats: RunStats) -> int:
+        """Connect, consume and decide until a stop; the exit code. --exactly-once: a
+        transaction that failed raises TransactionFailed once the clients are closed."""
+        settings, stop, m = self.settings, self.stop, self.metrics
         consumer = self.consumer = make_consumer(settings, lambda: m.kafka_error("metadata"))
+        producers: Producers | None = None
 
         async def new_producer() -> AIOKafkaProducer:
             """Made once the broker's limits are known: its batches stay within the smallest
@@ -143,14 +178,23 @@ class Service:
                          "limit)", batch)
             return fresh
 
-        source = KafkaSource(settings, consumer, dedup.index, m)
-        sink = KafkaSink(settings, None, m, new_producer=new_producer)
+        source: KafkaSource
+        sink: KafkaSink
+        if settings.exactly_once:
+            producers = Producers(settings, m, DEFAULT_BATCH)
+            source = TransactionalSource(settings, consumer, dedup.index, m, producers, stop)
+            sink = TransactionalSink(settings, m, producers, dedup.journal is not None,
+                                     self.faults)
+        else:
+            source = KafkaSource(settings, consumer, dedup.index, m)
+            sink = KafkaSink(settings, None, m, new_producer=new_producer)
         runner = self.runner = Runner(
-            settings, dedup, source, sink, pool, m, faults=self.faults)
+            settings, dedup, source, sink, pool, m, faults=self.faults, stats=stats)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
-                 "broker %s, %d worker(s))", settings.input_topic, settings.decisions_topic,
+                 "broker %s, %d worker(s)%s)", settings.input_topic, settings.decisions_topic,
                  settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
-                 settings.bootstrap_servers, settings.workers)
+                 settings.bootstrap_servers, settings.workers,
+                 ", exactly-once" if settings.exactly_once else "")
         try:
             # A stop cuts a start short: a hung broker can hold one for 40 s.
             await retry(f"connecting the consumer to {settings.bootstrap_servers}",
@@ -158,11 +202,17 @@ class Service:
                         lambda _: m.kafka_error("connect"))
             # Topics before the subscription: a topic the consumer asks for first is made
             # by the broker's auto-creation, if at all, after an ERROR in the log.
-            await ensure_topics(settings, [settings.input_topic, *self._output_topics()])
-            consumer.subscribe([settings.input_topic], listener=source.listener)
+            await ensure_topics(settings, [settings.input_topic, *self._output_topics()],
+                                compacted=[settings.changelog()]
+                                if dedup.journal is not None else [])
             sink.limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(sink.limits)
-            sink.producer = await new_producer()
+            if producers is not None:
+                producers.max_batch = sink.limits.batch(self._output_topics())
+                await restore_index(settings, dedup, m, stop)
+            else:
+                sink.producer = await new_producer()
+            consumer.subscribe([settings.input_topic], listener=source.listener)
             if stop.is_set():
                 raise Abandoned("stopped while connecting")
             self.connected = True
@@ -170,6 +220,8 @@ class Service:
             await runner.run(stop)
         except Abandoned:
             log.info("stopped before the broker answered")
+        except TransactionFailed:
+            raise
         except (StreamDedupError, KafkaError) as exc:  # disk full, a non-retriable Kafka error
             log.error("stopping: %s (nothing after the last commit was committed)", exc)
             return 1
@@ -182,13 +234,8 @@ class Service:
             # The consumer even if its start was cut short.
             clients = [c for c in (sink.producer, consumer) if c is not None]
             await asyncio.gather(*(stop_within(c, CLOSE_TIMEOUT_S) for c in clients))
-            if pool is not None:
-                pool.shutdown()
-            await asyncio.to_thread(dedup.close)
-            s = runner.stats
-            log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",
-                     s.records, s.batches, f"; {s.abandoned} records of the batch in flight "
-                     "were not, and will be delivered again" if s.abandoned else "", s.decisions)
+            if producers is not None:
+                await producers.close()
         return 0
 
     def _output_topics(self) -> list[str]:

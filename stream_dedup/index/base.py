@@ -99,6 +99,15 @@ class Claim:
     replaces_claim: int | None = None
 
 
+@dataclass(slots=True, frozen=True)
+class Change:
+    """A kept page as an index's changelog carries it (changelog.py): its record, and the
+    page id of the version of its URL it replaced."""
+
+    doc: StoredDoc
+    replaced: int | None = None
+
+
 # A batch's composition: ("topic/partition", first offset, end offset) in decide order.
 Plan = list[tuple[str, int, int]]
 

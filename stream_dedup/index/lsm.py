@@ -49,6 +49,7 @@ from rocksdict import (
 
 from ..errors import IndexMismatchError, IndexStoreError
 from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
+from .doc_codec import decode_doc, encode_doc
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -57,12 +58,9 @@ FORMAT = 1
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 _FEATURE_KEY = struct.Struct(">QI")
-# raw fp, canonical fp, stored at, text length, k, k*s, then byte lengths: fetched_at, sig, url
-_DOC_HEAD = struct.Struct("<QQdIHHIII")
 _LAYER = {RAW: b"r", CANONICAL: b"c"}
 _MAX_ID = b"\xff\xff\xff\xff"
 _INFLIGHT = b"inflight"
-_ID_BYTES = 16  # a page id: an input position packs into 98 bits (models.position_id)
 
 
 def _options(prefix: int | None) -> Options:
@@ -235,7 +233,7 @@ class LsmIndex(LocalIndex):
         raw = self._docs.get(_U32.pack(page_id))
         if raw is None:
             raise KeyError(page_id)
-        return _decode(raw, page_id)[0]
+        return decode_doc(raw, page_id)[0]
 
     # --- durability ---------------------------------------------------------------------
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
@@ -251,7 +249,7 @@ class LsmIndex(LocalIndex):
             self._delete(batch, row, self.doc(row))
         for page_id, doc in self._new_docs.items():
             if page_id not in gone:
-                batch.put(_U32.pack(page_id), _encode(doc, now), self._cf[CF_DOCS])
+                batch.put(_U32.pack(page_id), encode_doc(doc, now), self._cf[CF_DOCS])
         for feature, ids in self._new_features.items():
             for page_id in ids:
                 if page_id not in gone:
@@ -311,7 +309,7 @@ class LsmIndex(LocalIndex):
             if removed >= limit:
                 break
             page_id = _U32.unpack(key)[0]
-            doc, stored_at = _decode(raw, page_id)
+            doc, stored_at = decode_doc(raw, page_id)
             when = _timestamp(doc.fetched_at, stored_at)
             if when >= cutoff:
                 continue
@@ -352,7 +350,7 @@ class LsmIndex(LocalIndex):
         """(row, StoredDoc) of every committed page, in row order (warming a MemoryIndex)."""
         for key, raw in self._docs.items():
             row = _U32.unpack(key)[0]
-            yield row, _decode(raw, row)[0]
+            yield row, decode_doc(raw, row)[0]
 
     def stats(self) -> dict[str, float]:
         families = {CF_META: self._meta, CF_FEATURES: self._features, CF_EXACT: self._exact,
@@ -389,41 +387,6 @@ class LsmIndex(LocalIndex):
             log.warning("closing the index at %s: %s", self.path, exc)
         del db
         gc.collect()
-
-
-def _encode(doc: StoredDoc, stored_at: float) -> bytes:
-    url = doc.url.encode("utf-8", "surrogatepass")
-    fetched = (doc.fetched_at or "").encode("utf-8", "replace")
-    head = _DOC_HEAD.pack(doc.raw_fp, doc.canonical_fp, stored_at, doc.text_length,
-                          doc.features.shape[0], doc.sketch.shape[0], len(fetched),
-                          len(doc.ld_signature), len(url))
-    return b"".join((head, doc.features.astype("<u8").tobytes(),
-                     doc.sketch.astype("<u4").tobytes(), fetched, doc.ld_signature, url,
-                     doc.page_id.to_bytes(_ID_BYTES, "big"), doc.shingles))
-
-
-def _decode(raw: bytes, row: int) -> tuple[StoredDoc, float]:
-    """A record and when it was stored; a record without a page id (format 1) has its
-    row as its id; the shingle set (for exact verification) is what follows the id, none in
-    records written before it was kept."""
-    raw_fp, canonical_fp, stored_at, text_len, k, n, n_fetched, n_sig, n_url = (
-        _DOC_HEAD.unpack_from(raw))
-    pos = _DOC_HEAD.size
-    features = np.frombuffer(raw, dtype="<u8", count=k, offset=pos).astype(np.uint64)
-    pos += 8 * k
-    sketch = np.frombuffer(raw, dtype="<u4", count=n, offset=pos).astype(np.uint32)
-    pos += 4 * n
-    fetched = raw[pos : pos + n_fetched].decode("utf-8", "replace") or None
-    pos += n_fetched
-    sig = bytes(raw[pos : pos + n_sig])
-    pos += n_sig
-    url = raw[pos : pos + n_url].decode("utf-8", "surrogatepass")
-    pos += n_url
-    page_id = int.from_bytes(raw[pos : pos + _ID_BYTES], "big") if len(raw) > pos else row
-    doc = StoredDoc(url=url, features=features, sketch=sketch, ld_signature=sig,
-                    text_length=text_len, raw_fp=raw_fp, canonical_fp=canonical_fp,
-                    fetched_at=fetched, page_id=page_id, shingles=bytes(raw[pos + _ID_BYTES:]))
-    return doc, stored_at
 
 
 def _timestamp(fetched_at: str | None, fallback: float) -> float:

@@ -1,0 +1,87 @@
+"""The index's changelog (pure: bytes in, bytes out): what `serve --exactly-once` writes of
+each batch's kept pages, inside the batch's transaction, and how they are claimed again
+into a memory or LSM index when it starts.
+
+A record a kept page, on partition 0 of the changelog topic (the index is one, whatever the
+input partitions):
+    key      the page id, 16 bytes big-endian
+    value    its URL key (8 bytes, little-endian), then its document record (doc_codec)
+    header   `stream-dedup-batch`: the batch it was kept in (its input partition and first
+             offset). A batch's records are consecutive: one transaction wrote them.
+and, for a kept page that replaced its URL's version, a tombstone (that version's page id,
+no value), so that compaction (the topic is compacted) forgets the version a URL no longer
+holds. The compacted log therefore holds what the index holds: one version a URL.
+
+Replaying: `batches` cuts the records into batches and `claim_again` claims each batch's
+kept pages into the index as the batch claimed them (the same pages in the same order, each
+replacing the version its URL holds), so the index reaches the state it had after the last
+committed transaction: the same pages, the same rows in the same order. (After compaction
+removed replaced versions, a posting list longer than `max_posting` may hold one older page
+more than it did; nothing else differs.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from .index.base import Change, Claim, LocalIndex, Probe, StoredDoc
+from .index.doc_codec import decode_doc, encode_doc
+
+BATCH_HEADER = "stream-dedup-batch"
+_ID_BYTES = 16
+
+Record = tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...]]  # key, value, headers
+
+
+def records(changes: Sequence[Change], batch: str) -> list[Record]:
+    """The changelog records of one batch's kept pages, in the order they were kept."""
+    headers = ((BATCH_HEADER, batch.encode()),)
+    out: list[Record] = []
+    for change in changes:
+        doc = change.doc
+        value = doc.url_key.to_bytes(8, "little") + encode_doc(doc, 0.0)
+        out.append((doc.page_id.to_bytes(_ID_BYTES, "big"), value, headers))
+        if change.replaced is not None:
+            out.append((change.replaced.to_bytes(_ID_BYTES, "big"), None, headers))
+    return out
+
+
+def doc_of(value: bytes) -> StoredDoc:
+    doc, _ = decode_doc(value[8:], 0)
+    doc.url_key = int.from_bytes(value[:8], "little")
+    return doc
+
+
+def batches(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], int]]:
+    """Consumed changelog records (anything with .offset, .value, .headers) -> each batch's
+    kept pages and the offset after its last record. The last batch is given too: a
+    read_committed reader sees only whole transactions, so what it read ends a batch."""
+    current: bytes | None = None
+    docs: list[StoredDoc] = []
+    end = -1
+    for record in consumed:
+        batch = dict(record.headers or ()).get(BATCH_HEADER, b"")
+        if current is not None and batch != current:
+            yield docs, end
+            docs = []
+        current, end = batch, record.offset + 1
+        if record.value is not None:
+            docs.append(doc_of(record.value))
+    if current is not None:
+        yield docs, end
+
+
+def claim_again(index: LocalIndex, docs: Sequence[StoredDoc]) -> None:
+    """Claim one batch's kept pages into `index` as they were first claimed: a page whose URL
+    has a version (held, or kept earlier in the batch) replaces it."""
+    claims: list[Claim] = []
+    kept_at: dict[int, int] = {}  # url key -> the claim of this batch that kept it
+    for doc in docs:
+        earlier = kept_at.get(doc.url_key) if doc.url_key else None
+        held = index.version_of(doc.url_key) if doc.url_key and earlier is None else None
+        probe = Probe(doc.page_id, doc.raw_fp, doc.canonical_fp, doc.features, doc.url_key)
+        claims.append(Claim(probe, doc, replaces=held, replaces_claim=earlier))
+        if doc.url_key:
+            kept_at[doc.url_key] = len(claims) - 1
+    index.claim(claims)

@@ -1,0 +1,286 @@
+"""`serve --exactly-once`: every batch commits in one Kafka transaction (KIP-98).
+
+    fetch (read_committed) -> a batch = one input partition's records -> decide
+      -> begin a transaction on that partition's producer
+         send the decisions, kept pages, dead letters, and the index's changes (changelog.py)
+         send_offsets_to_transaction(the batch's end offset, the group)
+      -> commit the transaction -> commit the index (with the changelog's position)
+
+**Fencing.** aiokafka (0.14) commits offsets in a transaction with TxnOffsetCommit v0: the
+group id alone, no generation or member id (KIP-447 is not there), so the group
+coordinator cannot refuse a commit from an instance that lost its partitions. The fence is
+the transactional id, one per input partition: `<group>-<topic>-<partition>`. Whoever is
+given a partition first starts its producer (InitProducerId), then reads the partition's
+committed offset. InitProducerId first completes or aborts the last transaction of that
+id and bumps its epoch, so
+- an instance that still acts on the partition (stalled past the session timeout, then
+  back) is refused on its next send or commit (ProducerFenced): its open transaction is
+  aborted, nothing of it visible to read_committed readers;
+- the new owner reads an offset no pending transaction can still move, and resumes there.
+One id a partition means one transaction a partition: a batch holds one partition's records.
+
+**The index** changes when a batch is decided, before its transaction commits; the changes
+must count only if the transaction does. A memory or LSM index keeps a changelog topic
+(compacted, one partition): each batch's kept pages are written in its transaction, and the
+index stores the changelog position it reflects with every commit (the LSM on disk, the
+memory index in memory: 0 at start). At start the index claims again whatever the
+changelog holds past its position (`restore_index`), so after a crash between the Kafka
+commit and the index's own, the index catches up; a batch whose transaction did not commit
+left nothing (read_committed never shows it) and is decided again against the same state.
+A transaction that fails in a running service (fenced, timed out, a broker restart) is
+aborted and the service starts over in process: the index reopened at its last commit and
+restored from the changelog, a new consumer in the group (`TransactionFailed`). A Redis
+index keeps no changelog: its claims are keyed by page id (the input position) and a page
+decided again gets the decision its first claim recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaError
+
+from . import changelog
+from .config import Settings
+from .edges import Batch, Faults
+from .errors import StreamDedupError
+from .index.base import LocalIndex
+from .kafka_client import make_producer, retry, stop_within
+from .kafka_edges import KafkaSink, KafkaSource, _batch, _FinishBeforeRevoke, _names
+from .metrics import Metrics
+from .models import Decision, Page, Rejected
+from .pipeline import Deduplicator
+from .runner import STOP_GRACE_S, Abandoned
+
+log = logging.getLogger("stream_dedup.kafka")
+
+ABORT_TIMEOUT_S = 10.0
+RESTORE_FETCH = 2000  # changelog records a fetch while restoring
+RESTORE_LOG_EVERY_S = 10.0
+
+
+class TransactionFailed(StreamDedupError):
+    """A batch's transaction did not commit: the service starts over from the last commit."""
+
+
+def transactional_id(settings: Settings, tp: TopicPartition) -> str:
+    return f"{settings.group_id}-{tp.topic}-{tp.partition}"
+
+
+class Producers:
+    """One transactional producer per assigned input partition."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, max_batch: int) -> None:
+        self.settings, self.metrics, self.max_batch = settings, metrics, max_batch
+        self.by_partition: dict[TopicPartition, AIOKafkaProducer] = {}
+
+    async def open(self, tps: Iterable[TopicPartition], stop: asyncio.Event) -> None:
+        """Start a producer for each partition: its InitProducerId fences an earlier owner."""
+        for tp in tps:
+            if tp in self.by_partition:
+                continue
+            producer = make_producer(self.settings, lambda: self.metrics.kafka_error(
+                "metadata"), self.max_batch, transactional_id=transactional_id(
+                    self.settings, tp),
+                transaction_timeout_ms=int(self.settings.transaction_timeout_s * 1000))
+            await retry(f"starting the transactional producer of {tp.topic}/{tp.partition}",
+                        producer.start, stop, lambda _: self.metrics.kafka_error("connect"))
+            self.by_partition[tp] = producer
+
+    async def close(self, tps: Iterable[TopicPartition] | None = None) -> None:
+        chosen = list(self.by_partition) if tps is None else list(tps)
+        closing = [self.by_partition.pop(tp) for tp in chosen if tp in self.by_partition]
+        await asyncio.gather(*(stop_within(p, STOP_GRACE_S) for p in closing))
+
+
+class _FenceThenResume(_FinishBeforeRevoke):
+    """Revoked: the batch in flight is committed first, then the partition's producer goes.
+    Assigned: the partition's producer starts first (fencing an earlier owner, completing
+    its last transaction), then the consumer resumes at the committed offset, read again."""
+
+    async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
+        await super().on_partitions_revoked(revoked)
+        source = self._source
+        assert isinstance(source, TransactionalSource)
+        source.drop(revoked)
+        await source.producers.close(revoked)
+
+    async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
+        log.info("partitions assigned: %s", _names(assigned))
+        source = self._source
+        assert isinstance(source, TransactionalSource)
+        await source.producers.open(assigned, source.stop)
+        for tp in assigned:
+            committed = await source.consumer.committed(tp)
+            if committed is not None:
+                source.consumer.seek(tp, committed)
+            log.info("%s/%d: resuming at %s (transactional id %s)", tp.topic, tp.partition,
+                     "the beginning" if committed is None else f"offset {committed}",
+                     transactional_id(source.settings, tp))
+
+
+class TransactionalSource(KafkaSource):
+    """KafkaSource whose batches are one partition's records each, and whose commit is the
+    transaction's (the sink's): nothing to commit here."""
+
+    def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: Any,
+                 metrics: Metrics, producers: Producers, stop: asyncio.Event) -> None:
+        super().__init__(settings, consumer, index, metrics)
+        self.producers, self.stop = producers, stop
+        self.listener = _FenceThenResume(self)
+        self._queue: list[Batch] = []
+
+    def drop(self, revoked: Sequence[TopicPartition]) -> None:
+        gone = {f"{tp.topic}/{tp.partition}" for tp in revoked}
+        self._queue = [b for b in self._queue if not gone & b.positions.keys()]
+
+    async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch:
+        if not self._queue:
+            fetched = await super().fetch(max_records, stop)
+            by_partition: dict[tuple[str, int], list[Any]] = {}
+            for r in fetched.records:
+                by_partition.setdefault((r.topic, r.partition), []).append(r)
+            for records in by_partition.values():
+                batch = _batch(records, fetched.received)
+                batch.plan = []  # the group's committed offset is where a restart resumes
+                self._queue.append(batch)
+        return self._queue.pop(0) if self._queue else Batch([])
+
+    async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
+        pass  # committed with the batch's transaction
+
+
+class TransactionalSink(KafkaSink):
+    """Sends a batch's outputs, its index changes and its input offsets in one transaction
+    of its partition's producer, and commits it; any failure aborts the transaction and
+    raises TransactionFailed (a stop meanwhile: Abandoned, the transaction left to the
+    broker's timeout or the next owner's fence)."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, producers: Producers,
+                 journal: bool, faults: Faults | None = None) -> None:
+        super().__init__(settings, None, metrics)
+        self.settings, self.producers, self.journal = settings, producers, journal
+        self.faults = faults or Faults()
+        self.changelog = TopicPartition(settings.changelog(), 0)
+        self.delivered = 0
+
+    async def deliver(self, batch: Batch, items: Sequence[Page | Rejected],
+                      decisions: Sequence[Decision], stop: asyncio.Event) -> None:
+        (stream,) = batch.positions  # one partition a batch (TransactionalSource)
+        topic, partition = stream.rsplit("/", 1)
+        tp = TopicPartition(topic, int(partition))
+        producer = self.producers.by_partition.get(tp)
+        if producer is None:
+            raise TransactionFailed(f"no producer for {stream}: the partition was revoked")
+        outputs = self.messages(batch, items, decisions)
+        first = min(r.offset for r in batch.records)
+        changes = changelog.records(batch.changes, f"{stream}/{first}") if self.journal else []
+        self.delivered += 1
+        started = time.perf_counter()
+        try:
+            await producer.begin_transaction()
+            acks = [await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers))
+                    for m in outputs]
+            logs = [await producer.send(self.changelog.topic, value, key=key,
+                                        headers=list(headers), partition=0)
+                    for key, value, headers in changes]
+            await asyncio.gather(*acks)
+            logged = [meta.offset for meta in await asyncio.gather(*logs)]
+            await producer.send_offsets_to_transaction({tp: batch.positions[stream]},
+                                                       self.settings.group_id)
+            self.faults.at("before-transaction-commit", self.delivered)
+            await producer.commit_transaction()
+        except asyncio.CancelledError:
+            raise  # a stop past the grace: the broker aborts it (timeout, or the next fence)
+        except (KafkaError, OSError) as exc:
+            self.metrics.transactions.labels("aborted").inc()
+            self.metrics.kafka_error("produce")
+            with contextlib.suppress(KafkaError, TimeoutError, OSError, Exception):
+                await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
+            raise TransactionFailed(f"the transaction of {stream} did not commit "
+                                    f"({type(exc).__name__}: {exc})") from exc
+        self.metrics.transactions.labels("committed").inc()
+        self.metrics.commit_seconds.observe(time.perf_counter() - started)
+        self.metrics.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
+        if logged:  # the index's commit stores how far into the changelog it reaches
+            batch.positions[f"{self.changelog.topic}/0"] = max(logged) + 1
+
+
+async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metrics,
+                        stop: asyncio.Event) -> int:
+    """Claim into a memory or LSM index what the changelog holds past the position the
+    index stored; the kept pages claimed. Reads up to the changelog's last stable offset."""
+    index = dedup.index
+    if not isinstance(index, LocalIndex):
+        return 0
+    tp = TopicPartition(settings.changelog(), 0)
+    stream = f"{tp.topic}/0"
+    start = dedup.index.offsets().get(stream, 0)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=settings.bootstrap_servers, group_id=None,
+        enable_auto_commit=False, isolation_level="read_committed",
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=max(1_048_576, settings.max_page_bytes + 65_536))
+    await retry(f"connecting to {settings.bootstrap_servers} (restoring the index)",
+                consumer.start, stop)
+    restored = 0
+    try:
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        if start >= end:
+            return 0
+        consumer.seek(tp, start)
+        log.info("restoring the index from %s: offsets %d..%d", stream, start, end - 1)
+        next_log = time.monotonic() + RESTORE_LOG_EVERY_S
+        held: list[Any] = []  # records of a batch that may go on in the next fetch
+        while not stop.is_set():
+            got = await consumer.getmany(tp, timeout_ms=1000, max_records=RESTORE_FETCH)
+            held += got.get(tp, [])
+            done = await consumer.position(tp) >= end
+            cut = len(held) if done else _last_batch_start(held)
+            ready, held = held[:cut], held[cut:]
+            if ready:
+                restored += await asyncio.to_thread(_claim, dedup, ready)
+            if done:
+                break
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + RESTORE_LOG_EVERY_S
+                log.info("restoring the index: %d pages so far (offset %d of %d)", restored,
+                         await consumer.position(tp), end)
+        if stop.is_set():
+            raise Abandoned("stopped while restoring the index")
+    finally:
+        await stop_within(consumer, STOP_GRACE_S)
+    metrics.restored.inc(restored)
+    log.info("restored %d kept pages from %s", restored, stream)
+    return restored
+
+
+def _last_batch_start(records: list[Any]) -> int:
+    """Where the last batch among `records` starts (it may go on past them)."""
+    if not records:
+        return 0
+    last = dict(records[-1].headers or ()).get(changelog.BATCH_HEADER)
+    i = len(records)
+    while i > 0 and dict(records[i - 1].headers or ()).get(changelog.BATCH_HEADER) == last:
+        i -= 1
+    return i
+
+
+def _claim(dedup: Deduplicator, records: list[Any]) -> int:
+    """Claim whole batches of changelog records, then commit the index with the position."""
+    claimed, end = 0, 0
+    with dedup.lock:
+        index = dedup.index
+        assert isinstance(index, LocalIndex)
+        for docs, after in changelog.batches(records):
+            changelog.claim_again(index, docs)
+            claimed, end = claimed + len(docs), after
+        dedup.index.commit({f"{records[0].topic}/{records[0].partition}": end})
+    return claimed

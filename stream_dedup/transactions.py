@@ -112,17 +112,29 @@ class _FenceThenResume(_FinishBeforeRevoke):
         await source.producers.close(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.info("partitions assigned: %s", _names(assigned))
         source = self._source
         assert isinstance(source, TransactionalSource)
-        await source.producers.open(assigned, source.stop)
-        for tp in assigned:
-            committed = await source.consumer.committed(tp)
-            if committed is not None:
-                source.consumer.seek(tp, committed)
-            log.info("%s/%d: resuming at %s (transactional id %s)", tp.topic, tp.partition,
-                     "the beginning" if committed is None else f"offset {committed}",
-                     transactional_id(source.settings, tp))
+        # Paused before anything is fetched (aiokafka calls this before its first fetch of
+        # them can run): a record read at a stale committed offset would be decided, and
+        # a fetch in flight across the seek below can hand out records past a gap.
+        source.consumer.pause(*assigned)
+        log.info("partitions assigned: %s", _names(assigned))
+        try:
+            await source.producers.open(assigned, source.stop)
+            for tp in assigned:
+                committed = await source.consumer.committed(tp)
+                if committed is None:
+                    await source.consumer.seek_to_beginning(tp)  # auto_offset_reset earliest
+                else:
+                    source.consumer.seek(tp, committed)
+                source.expected[f"{tp.topic}/{tp.partition}"] = committed or 0
+                log.info("%s/%d: resuming at %s (transactional id %s)", tp.topic,
+                         tp.partition, "the beginning" if committed is None else
+                         f"offset {committed}", transactional_id(source.settings, tp))
+        except (KafkaError, Abandoned) as exc:
+            source.failed = exc  # the next fetch raises it: the session starts over
+            return
+        source.consumer.resume(*assigned)
 
 
 class TransactionalSource(KafkaSource):
@@ -135,17 +147,32 @@ class TransactionalSource(KafkaSource):
         self.producers, self.stop = producers, stop
         self.listener = _FenceThenResume(self)
         self._queue: list[Batch] = []
+        # The next offset to decide of each partition ready (its producer started, its
+        # committed offset read and sought): aiokafka hands out records of a partition
+        # while the listener still prepares it (seen: a batch decided before the seek, then
+        # again after it). Records of a partition not ready, or before its next offset, are
+        # dropped: the seek fetches them again.
+        self.expected: dict[str, int] = {}
+        self.failed: BaseException | None = None  # preparing an assigned partition failed
 
     def drop(self, revoked: Sequence[TopicPartition]) -> None:
         gone = {f"{tp.topic}/{tp.partition}" for tp in revoked}
+        for stream in gone:
+            self.expected.pop(stream, None)
         self._queue = [b for b in self._queue if not gone & b.positions.keys()]
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch:
+        if self.failed is not None:
+            raise TransactionFailed(f"preparing an assigned partition failed "
+                                    f"({type(self.failed).__name__}: {self.failed})")
         if not self._queue:
             fetched = await super().fetch(max_records, stop)
-            by_partition: dict[tuple[str, int], list[Any]] = {}
+            by_partition: dict[str, list[Any]] = {}
             for r in fetched.records:
-                by_partition.setdefault((r.topic, r.partition), []).append(r)
+                stream = f"{r.topic}/{r.partition}"
+                if r.offset >= self.expected.get(stream, 1 << 63):
+                    by_partition.setdefault(stream, []).append(r)
+                    self.expected[stream] = r.offset + 1
             for records in by_partition.values():
                 batch = _batch(records, fetched.received)
                 batch.plan = []  # the group's committed offset is where a restart resumes

@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 from opskit import wait_for
-from test_service import create_topics, names, page_message, service  # noqa: F401
+from test_service import (
+    create_topics,
+    names,
+    page_message,
+    service,  # noqa: F401  (the fixture)
+)
 
 from stream_dedup import Deduplicator, Settings
 from stream_dedup import changelog as cl
@@ -171,7 +176,7 @@ POINTS = ["before-deliver", "before-transaction-commit", "before-index-commit",
     "memory", "lsm", pytest.param("redis", marks=pytest.mark.redis)])
 @pytest.mark.parametrize("point", POINTS)
 def test_a_crash_at_any_step_changes_no_decision(
-        kafka_bootstrap: str, service, tmp_path: Path, request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
+        kafka_bootstrap: str, service, tmp_path: Path, request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]  # noqa: F811
         backend: str, point: str) -> None:
     pages = crawl()
     t = _fill(kafka_bootstrap, pages)
@@ -188,7 +193,7 @@ def test_a_crash_at_any_step_changes_no_decision(
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", "lsm"])
 def test_sigkills_mid_stream_change_no_decision(
-        kafka_bootstrap: str, service, tmp_path: Path, request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]
+        kafka_bootstrap: str, service, tmp_path: Path, request: pytest.FixtureRequest,  # type: ignore[no-untyped-def]  # noqa: F811
         backend: str) -> None:
     """The issue's trial: SIGKILL three times at random moments while pages flow."""
     import random
@@ -208,7 +213,7 @@ def test_sigkills_mid_stream_change_no_decision(
 
 
 def test_a_poison_record_inside_a_transaction_is_one_dead_letter(
-        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     from test_service import kcat_produce
 
     pages = crawl(range(60, 61))
@@ -225,7 +230,7 @@ def test_a_poison_record_inside_a_transaction_is_one_dead_letter(
 
 @pytest.mark.slow
 def test_a_stalled_instance_is_fenced_and_nothing_of_it_is_seen(
-        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     """A SIGSTOPped instance (a zombie: its session expires) loses its partition to a second
     one, whose producer fences it; woken up, its transaction fails and it starts over. Every
     record still has one decision."""

@@ -331,7 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
                     choices=["debug", "info", "warning", "error"],
                     help="how much the service logs (default info)")
     # Crash tests only: exit at once (code 70, nothing cleaned up) at a kill point of the
-    # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch).
+    # runner (edges.KILL_POINTS), e.g. --crash-at before-index-commit:3 (the third batch);
+    # POINT:BATCH:SECONDS stalls there that long instead (the event loop blocked).
     sv.add_argument("--crash-at", metavar="POINT[:BATCH]", help=argparse.SUPPRESS)
     setting_flags(sv, serve=True)
     sv.set_defaults(func=_serve)

@@ -109,11 +109,14 @@ class Crash(Exception):
 class Faults:
     """Die at kill point `point` (one of KILL_POINTS) of the `batch`-th batch this runner
     decides: raise Crash, or with `exit` (a process-level test) leave with CRASH_EXIT at
-    once, as a crash would (no cleanup, nothing flushed)."""
+    once, as a crash would (no cleanup, nothing flushed). With `stall`, stop there that
+    many seconds instead, the event loop blocked (a long GC pause, a stopped VM), and go
+    on: heartbeats and transactions time out meanwhile."""
 
     point: str = ""
     batch: int = 1
     exit: bool = False
+    stall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.point and self.point not in KILL_POINTS:
@@ -121,15 +124,18 @@ class Faults:
 
     def at(self, point: str, batch: int) -> None:
         if point == self.point and batch == self.batch:
+            if self.stall:
+                time.sleep(self.stall)
+                return
             if self.exit:
                 os._exit(CRASH_EXIT)
             raise Crash(f"{point} of batch {batch}")
 
     @classmethod
     def parse(cls, text: str, *, exit: bool = False) -> Faults:
-        """POINT or POINT:BATCH, e.g. before-source-commit:3."""
-        point, _, batch = text.partition(":")
-        return cls(point, int(batch or 1), exit)
+        """POINT, POINT:BATCH or POINT:BATCH:STALL_SECONDS, e.g. before-source-commit:3."""
+        point, batch, stall = (text.split(":") + ["", ""])[:3]
+        return cls(point, int(batch or 1), exit and not stall, float(stall or 0))
 
 
 class PageRecords:

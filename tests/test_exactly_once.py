@@ -231,22 +231,32 @@ def test_a_poison_record_inside_a_transaction_is_one_dead_letter(
 @pytest.mark.slow
 def test_a_stalled_instance_is_fenced_and_nothing_of_it_is_seen(
         kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
-    """A SIGSTOPped instance (a zombie: its session expires) loses its partition to a second
-    one, whose producer fences it; woken up, its transaction fails and it starts over. Every
-    record still has one decision."""
-    pages = crawl(range(60, 66))
+    """The first instance stalls 25 s with its third batch sent, its transaction open (a
+    zombie: its session expires). A second instance gets the partition; its producer fences
+    the first's and aborts that transaction. Woken up, the first fails to commit, and starts
+    over. Every record has one decision, as in an uninterrupted run."""
+    pages = crawl(range(60, 64))
     t = _fill(kafka_bootstrap, pages)
-    args = ["--exactly-once", "--batch-size", "10"]
-    first = service(t, *args, log="first.log")
-    wait_for("batches flowing", lambda: len(read_committed(kafka_bootstrap, t["decisions"]))
-             >= 20)
-    first.proc.send_signal(signal.SIGSTOP)
+    args = ["--exactly-once", "--batch-size", "20"]
+    first = service(t, *args, "--crash-at", "before-transaction-commit:3:25", log="first.log")
+    wait_for("the first instance's stall", lambda: len(read_committed(
+        kafka_bootstrap, t["decisions"])) >= 40, 60)
     second = service(t, *args, log="second.log")
-    wait_for("the second instance owns the partition",
-             lambda: "resuming at offset" in second.text(), 60)
-    time.sleep(2)
-    first.proc.send_signal(signal.SIGCONT)
     check_exactly_once(kafka_bootstrap, t, pages)
-    wait_for("the first instance to notice", lambda: "starting over" in first.text()
-             or "partitions revoked: ['" in first.text(), 60)
+    wait_for("the first instance to wake", lambda: "starting over" in first.text(), 60)
+    assert "ProducerFenced" in first.text() or "InvalidProducerEpoch" in first.text()
     assert first.stop() == 0 and second.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_transaction_past_its_timeout_is_aborted_and_decided_again(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The broker aborts a transaction open longer than --transaction-timeout-s: the
+    service's commit fails, it starts over, and the batch is decided again, once."""
+    pages = crawl(range(60, 62))
+    t = _fill(kafka_bootstrap, pages)
+    svc = service(t, "--exactly-once", "--batch-size", "20", "--transaction-timeout-s", "2",
+                  "--crash-at", "before-transaction-commit:2:6")
+    check_exactly_once(kafka_bootstrap, t, pages)
+    assert "starting over" in svc.text()
+    assert svc.stop() == 0

@@ -260,6 +260,10 @@ async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metric
     try:
         consumer.assign([tp])
         end = (await consumer.end_offsets([tp]))[tp]
+        if start > end:
+            log.warning("the index reflects %s up to offset %d, but the topic ends at %d: "
+                        "was it deleted and made again? The index is used as it is; give a "
+                        "new changelog topic a new index", stream, start, end)
         if start >= end:
             return 0
         consumer.seek(tp, start)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from opskit import wait_for
+from test_poison import own_broker  # noqa: F401  (a fixture)
 from test_service import (
     create_topics,
     names,
@@ -260,3 +261,33 @@ def test_a_transaction_past_its_timeout_is_aborted_and_decided_again(
     check_exactly_once(kafka_bootstrap, t, pages)
     assert "starting over" in svc.text()
     assert svc.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_broker_restart_mid_transaction_changes_no_decision(
+        own_broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """The third batch's transaction is open (its outputs sent; the service stalled there
+    for 30 s) when the broker is stopped and started again: whether that transaction then
+    commits or fails (the service starts over), every record has one decision, as in an
+    uninterrupted run."""
+    from test_poison import _serve
+
+    bootstrap, broker = own_broker
+    pages = crawl(range(60, 62))
+    t = _fill(bootstrap, pages)
+    log = tmp_path / "serve.log"
+    proc = _serve(bootstrap, t, log, "--exactly-once", "--batch-size", "20", "--kept-topic",
+                  t["kept"], "--crash-at", "before-transaction-commit:3:30")
+    try:
+        wait_for("two batches committed", lambda: len(read_committed(
+            bootstrap, t["decisions"])) >= 40, 60)
+        broker("stop")
+        broker("start")
+        check_exactly_once(bootstrap, t, pages)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert "stopped after" in text

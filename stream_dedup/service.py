@@ -55,6 +55,7 @@ log = logging.getLogger("stream_dedup.service")
 
 PROBE_TIMEOUT_S = 3.0  # /readyz: how long a metadata request may take
 CLOSE_TIMEOUT_S = 3.0  # closing the clients may wait this long on a broker that is down
+RESTART_BACKOFF_S = (1.0, 30.0)  # --exactly-once: waits before a session starts over
 
 
 async def serve(settings: Settings, stop: asyncio.Event | None = None,
@@ -138,15 +139,21 @@ class Service:
             pool.start()  # in the background: a service runs long enough to use them
         quiet_aiokafka_logs(on_drop=self.metrics.log_dropped.inc)
         stats = RunStats()
+        delay, committed = RESTART_BACKOFF_S[0], 0
         try:
             while True:
                 try:
                     return await self._session(dedup, pool, stats)
                 except TransactionFailed as exc:
-                    log.warning("%s; starting over from the last commit: the index reopened "
-                                "and restored, the group joined again", exc)
+                    # Again and again without a batch committed (a broker that refuses
+                    # transactions): wait longer each time, up to the longest backoff.
+                    if stats.batches > committed:
+                        delay, committed = RESTART_BACKOFF_S[0], stats.batches
+                    log.warning("%s; starting over from the last commit in %.0f s: the index "
+                                "reopened and restored, the group joined again", exc, delay)
                     await asyncio.to_thread(dedup.reopen)
-                    await pause(self.stop, 1.0)
+                    await pause(self.stop, delay)
+                    delay = min(delay * 2, RESTART_BACKOFF_S[1])
                     if self.stop.is_set():
                         return 0
         finally:

@@ -291,3 +291,33 @@ def test_a_broker_restart_mid_transaction_changes_no_decision(
             proc.kill()
     text = log.read_text()
     assert "stopped after" in text
+
+
+@pytest.mark.slow
+def test_a_rebalance_mid_stream_keeps_every_invariant(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Three partitions; a second instance joins while the first is busy, and partitions
+    move under open transactions: one decision a record, each kept page once on the kept
+    topic, no drop against a page never kept."""
+    import re
+
+    from test_service import kcat_produce
+
+    pages = crawl(range(60, 62))
+    t = _fill(kafka_bootstrap, pages, partitions=3)
+    args = ["--exactly-once", "--batch-size", "10"]
+    first = service(t, *args, log="a.log")
+    wait_for("some decisions", lambda: len(read_committed(kafka_bootstrap, t["decisions"]))
+             >= 40)
+    second = service(t, *args, log="b.log")
+    seed, deadline = 100, time.monotonic() + 90
+    while not re.search(r"partitions assigned: \['", second.text()):  # keep the first busy
+        assert time.monotonic() < deadline, "the second instance never got a partition"
+        more = [(p.url, p.html) for p in build(seed=seed)]
+        kcat_produce(kafka_bootstrap, t["input"], [(u, json.dumps({"url": u, "html": h})
+                                                    .encode()) for u, h in more])
+        pages += more
+        seed += 1
+    check_exactly_once(kafka_bootstrap, t, pages, partitions=3)
+    assert first.stop() == 0 and second.stop() == 0
+    assert re.search(r"partitions revoked: \['", first.text())

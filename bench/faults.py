@@ -21,8 +21,22 @@ A script that prints figures, not a test. In one bounded run it:
    (restarts caused by input: 0), peak RSS of the service (VmHWM, largest over its runs),
    and the outage's log bytes and CPU.
 
+With --exactly-once the service runs `serve --exactly-once` (Kafka transactions,
+transactions.py) and every output topic is read with isolation.level=read_committed. The
+figures then check what that mode promises: one decision per record (how many records have
+0, 1, more), every kept page once on the kept topic (matched to its input record by key and
+bytes), one dead letter per malformed record, no drop whose duplicate_of names a page that no
+keep decision kept; and they count the aborted transactions (runs of decision records that
+only read_uncommitted sees) and the sessions the service started over, by cause (its log).
+The input order across partitions is not fixed, so only these invariants hold for 3
+partitions; with --partitions 1 the decisions are also compared with an uninterrupted run:
+`Deduplicator.check_batch` over the same records read back, page ids included (expected: 0
+differ). --index lsm runs the service on an LSM index in the work dir.
+
     python bench/faults.py                     # 2000 pages, 200 malformed, 5 kills (~3 min)
     python bench/faults.py --pages 500 --malformed 40 --kills 2 --outage 10
+    python bench/faults.py --exactly-once
+    python bench/faults.py --exactly-once --partitions 1
 """
 
 from __future__ import annotations
@@ -30,8 +44,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -40,14 +56,20 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_LOCAL = REPO / "deploy" / "kafka-local"
 sys.path.insert(0, str(REPO))
 
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition  # noqa: E402
 from throughput import create_topics, free_port  # noqa: E402  (bench/ is sys.path[0])
 
+from stream_dedup import Deduplicator, Settings  # noqa: E402
+from stream_dedup.kafka_client import install_tolerating_reader  # noqa: E402
+from stream_dedup.models import position_id  # noqa: E402
 from stream_dedup.sample import build  # noqa: E402
+from stream_dedup.sources.kafka import page_from_message, source_of  # noqa: E402
 
 # name -> (key, value, kcat -H arguments, expected reject kind)
 POISONS: dict[str, tuple[bytes, bytes | None, tuple[bytes, ...], str]] = {
@@ -82,6 +104,8 @@ class Campaign:
     outage_s: float = 0.0
     final_exit: int | None = None
     topic: str = ""
+    isolation: str = ""  # kcat's isolation.level for the outputs ("": its default)
+    log: Path | None = None
 
 
 def kcat(bootstrap: str, topic: str, partition: int, key: bytes, value: bytes | None,
@@ -95,9 +119,10 @@ def kcat(bootstrap: str, topic: str, partition: int, key: bytes, value: bytes | 
     subprocess.run(cmd, input=key + b"\x01" + (value or b"") + b"\x02", check=True, timeout=120)
 
 
-def consume(bootstrap: str, topic: str) -> list[dict[str, object]]:
+def consume(bootstrap: str, topic: str, isolation: str = "") -> list[dict[str, object]]:
+    level = ["-X", f"isolation.level={isolation}"] if isolation else []
     out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e",
-                          "-J", "-q"], capture_output=True, timeout=300)
+                          "-J", "-q", *level], capture_output=True, timeout=300)
     return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
@@ -133,16 +158,25 @@ def main() -> None:
     ap.add_argument("--outage", type=float, default=20.0, help="seconds the broker is down")
     ap.add_argument("--seed", type=int, default=12)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--exactly-once", action="store_true",
+                    help="serve --exactly-once; outputs read with read_committed")
+    ap.add_argument("--partitions", type=int, default=3,
+                    help="input partitions (1, with --exactly-once: decisions compared with "
+                         "an uninterrupted run)")
+    ap.add_argument("--index", choices=("memory", "lsm"), default="memory")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="stream-dedup-faults-"))
     print(f"# Fault campaign ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): "
           f"{' '.join(sys.argv[1:]) or 'defaults'}; work dir {work}")
     bootstrap = broker("start", work / "kafka")
-    c = Campaign()
+    c = Campaign(isolation="read_committed" if args.exactly_once else "")
     try:
         run(args, rng, bootstrap, work, c)
-        report(args, c, bootstrap)
+        if args.exactly_once:
+            report_exactly_once(args, c, bootstrap)
+        else:
+            report(args, c, bootstrap)
     finally:
         broker("stop", work / "kafka")
 
@@ -150,7 +184,7 @@ def main() -> None:
 def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path,
         c: Campaign) -> None:
     topic = c.topic = f"faults-{args.seed}-{int(time.time())}"
-    asyncio.run(create_topics(bootstrap, {topic: {}}, partitions=3))
+    asyncio.run(create_topics(bootstrap, {topic: {}}, partitions=args.partitions))
     pages = []
     seed = 1
     while len(pages) < args.pages:
@@ -159,12 +193,12 @@ def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path
     pages = pages[:args.pages]
     kinds = list(POISONS)
     poison_at = set(rng.sample(range(args.pages + args.malformed), args.malformed))
-    lines: dict[int, list[bytes]] = {0: [], 1: [], 2: []}
+    lines: dict[int, list[bytes]] = {part: [] for part in range(args.partitions)}
     produced = 0
     page_iter = iter(pages)
     started = time.monotonic()
     for i in range(args.pages + args.malformed):
-        part = rng.randrange(3)
+        part = rng.randrange(args.partitions)
         if i in poison_at:
             kind = kinds[sum(c.malformed.values()) % len(kinds)]
             key, value, headers, _ = POISONS[kind]
@@ -186,7 +220,14 @@ def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path
           f"{time.monotonic() - started:.0f} s")
 
     port = free_port()
-    log = work / "serve.log"
+    log = c.log = work / "serve.log"
+    # This checkout's code in the service and the processes it starts, whichever checkout
+    # the package is installed from.
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    mode = ["--exactly-once"] if args.exactly_once else []
+    if args.index == "lsm":
+        mode += ["--index", "lsm", "--index-path", str(work / "index")]
     # Kill points and the outage, in pages decided by the run in progress (seeded).
     kill_after = [rng.randrange(20, 300) for _ in range(args.kills)]
     outage_after = rng.randrange(20, 100)
@@ -198,8 +239,8 @@ def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path
              "--input-topic", topic, "--decisions-topic", topic + "-decisions",
              "--kept-topic", topic + "-kept", "--dead-letter-topic", topic + "-dead",
              "--group-id", topic + "-group", "--http-port", str(port), "--batch-size", "100",
-             "--workers", str(args.workers), "--max-page-bytes", str(MAX_PAGE_BYTES)],
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=REPO)  # noqa: SIM115
+             "--workers", str(args.workers), "--max-page-bytes", str(MAX_PAGE_BYTES), *mode],
+            stdout=open(log, "ab"), stderr=subprocess.STDOUT, cwd=REPO, env=env)  # noqa: SIM115
         killed = False
         while proc.poll() is None:
             time.sleep(0.1)
@@ -213,7 +254,8 @@ def run(args: argparse.Namespace, rng: random.Random, bootstrap: str, work: Path
                 proc.wait()
                 c.kills += 1
                 killed = True
-            elif c.kills >= args.kills and _all_decided(bootstrap, topic, c.records):
+            elif c.kills >= args.kills and _all_decided(bootstrap, topic, c.records,
+                                                        c.isolation):
                 proc.send_signal(signal.SIGTERM)
                 c.final_exit = proc.wait(timeout=60)
                 return
@@ -250,7 +292,7 @@ def _decided(port: int) -> int:
                    if line.startswith("stream_dedup_pages_total{")))
 
 
-def _all_decided(bootstrap: str, topic: str, n: int) -> bool:
+def _all_decided(bootstrap: str, topic: str, n: int, isolation: str) -> bool:
     end = subprocess.run(["kcat", "-Q", "-b", bootstrap, "-t", f"{topic}-decisions:0:-1"],
                          capture_output=True, text=True, timeout=60)
     try:
@@ -258,7 +300,7 @@ def _all_decided(bootstrap: str, topic: str, n: int) -> bool:
             return False
     except (ValueError, IndexError):
         return False
-    return len({_source(m) for m in consume(bootstrap, topic + "-decisions")}) >= n
+    return len({_source(m) for m in consume(bootstrap, topic + "-decisions", isolation)}) >= n
 
 
 def _source(m: dict[str, object]) -> str:
@@ -274,25 +316,36 @@ def report(args: argparse.Namespace, c: Campaign, bootstrap: str) -> None:
                     and d["duplicate_of"]["url"] == d["url"])
     dead = {_header(m, "stream-dedup-source") for m in consume(bootstrap, c.topic + "-dead")}
     rejects = Counter(r for ds in by_source.values() for k, r in ds if k == "reject")
-    expected = Counter()
-    for kind, n in c.malformed.items():
-        expected[POISONS[kind][3]] += n
     changed = sum(len(ds) > 1 for ds in by_source.values())
     reduced = sum(1 for m in consume(bootstrap, c.topic + "-decisions")
                   if _header(m, "stream-dedup-reduced") != "None")
     sent = sum(c.malformed.values())
-    kinds = ", ".join(f"{k} {rejects[k]}/{n}" for k, n in sorted(expected.items()))
-    rows = [
+    rows: list[tuple[str, object]] = [
         ("records: pages + malformed + 1 page with a 600 KB URL",
          f"{c.records} ({args.pages} + {sent} + 1)"),
         ("records without a decision", c.records - len(by_source)),
         ("self-duplicates", self_dups),
         ("dead letters (distinct records) / malformed records sent", f"{len(dead)} / {sent}"),
-        ("rejects by kind, decided / sent", kinds),
+        ("rejects by kind, decided / sent", _rejects_by_kind(c, rejects)),
         ("decisions sent reduced (larger than the topic accepts)", reduced),
         ("records whose deliveries got different decisions",
          f"{changed} (memory index: a restart forgets)"),
         ("decisions written (redeliveries included)", len(decisions)),
+        *_run_rows(args, c),
+    ]
+    _table(rows)
+
+
+def _rejects_by_kind(c: Campaign, rejects: Counter[str]) -> str:
+    expected: Counter[str] = Counter()
+    for kind, n in c.malformed.items():
+        expected[POISONS[kind][3]] += n
+    return ", ".join(f"{k} {rejects[k]}/{n}" for k, n in sorted(expected.items()))
+
+
+def _run_rows(args: argparse.Namespace, c: Campaign) -> list[tuple[str, object]]:
+    """What happened to the service: kills, its own exits, memory, the outage."""
+    return [
         (f"SIGKILLs (--workers {args.workers})", c.kills),
         ("exits on its own (restarts caused by input)", len(c.own_exits)),
         ("final SIGTERM: exit code", c.final_exit),
@@ -300,6 +353,9 @@ def report(args: argparse.Namespace, c: Campaign, bootstrap: str) -> None:
         ("broker outage", f"{c.outage_s:.0f} s: {c.outage_log_bytes:,} bytes of service log, "
                           f"{c.outage_cpu:.1%} of a core"),
     ]
+
+
+def _table(rows: list[tuple[str, object]]) -> None:
     print("\n| figure | value |\n|---|---|")
     for name, value in rows:
         print(f"| {name} | {value} |")
@@ -308,6 +364,197 @@ def report(args: argparse.Namespace, c: Campaign, bootstrap: str) -> None:
 def _header(m: dict[str, object], name: str) -> str:
     h = list(m.get("headers") or [])  # type: ignore[call-overload]
     return str(dict(zip(h[::2], h[1::2], strict=True)).get(name))
+
+
+# --- --exactly-once ---------------------------------------------------------------------
+def report_exactly_once(args: argparse.Namespace, c: Campaign, bootstrap: str) -> None:
+    """The figures of `serve --exactly-once`, every output read with read_committed."""
+    records = asyncio.run(read_input(bootstrap, c.topic, args.partitions))
+    sources = [source_of(r.topic, r.partition, r.offset) for r in records]
+    committed = consume(bootstrap, c.topic + "-decisions", "read_committed")
+    everything = consume(bootstrap, c.topic + "-decisions", "read_uncommitted")
+    decisions = [json.loads(str(m["payload"])) for m in committed]
+    per_record: dict[str, list[tuple[str, str]]] = {}
+    for d in decisions:
+        per_record.setdefault(d["source"], []).append((d["decision"], d["reason"]))
+    spread = Counter(min(len(per_record.get(s, ())), 2) for s in sources)
+    differing = sum(len(set(ds)) > 1 for ds in per_record.values())
+    # A transaction's decision records are consecutive and its marker takes the offset
+    # after them: each run of offsets read_uncommitted alone sees is one aborted transaction.
+    aborted = {int(str(m["offset"])) for m in everything} - {
+        int(str(m["offset"])) for m in committed}
+    aborted_runs = sum(o - 1 not in aborted for o in aborted)
+    known = set(sources)
+    unknown = sum(len(ds) for s, ds in per_record.items() if s not in known)
+
+    keeps = {d["source"]: d for d in decisions if d["decision"] == "keep"}
+    kept_ids = {d["page_id"] for d in keeps.values()}
+    never_kept = [d for d in decisions
+                  if d["duplicate_of"] and d["duplicate_of"]["page_id"] not in kept_ids]
+    self_dups = sum(1 for d in decisions if d["duplicate_of"]
+                    and d["duplicate_of"]["url"] == d["url"])
+    on_kept, strays = _kept_sources(consume(bootstrap, c.topic + "-kept", "read_committed"),
+                                    records)
+    kept_records = sum(on_kept.values()) + strays
+    missing = sum(1 for s in keeps if on_kept[s] == 0)
+    repeats = sum(n - 1 for n in on_kept.values() if n > 1)
+    not_kept = sum(n for s, n in on_kept.items() if s not in keeps) + strays
+
+    dead = Counter(_header(m, "stream-dedup-source")
+                   for m in consume(bootstrap, c.topic + "-dead", "read_committed"))
+    rejects = Counter(r for ds in per_record.values() for k, r in set(ds) if k == "reject")
+    reduced = sum(1 for m in committed if _header(m, "stream-dedup-reduced") != "None")
+    sent = sum(c.malformed.values())
+    logged = _service_log(c.log)
+
+    rows: list[tuple[str, object]] = [
+        ("records: pages + malformed + 1 page with a 600 KB URL",
+         f"{c.records} ({args.pages} + {sent} + 1) in {args.partitions} partition(s); read "
+         f"back: {len(records)}"),
+        ("records without a decision", spread[0]),
+        ("records with 0 / 1 / more than 1 decision",
+         f"{spread[0]} / {spread[1]} / {spread[2]}"),
+        ("records whose decisions differ from each other", differing),
+        ("decisions naming no input record", unknown),
+        ("decisions written (read_committed)", len(decisions)),
+        ("aborted transactions (with decisions) / their decision records (read_uncommitted "
+         "only)", f"{aborted_runs} / {len(aborted)}"),
+        ("kept topic: records / keep decisions", f"{kept_records} / {len(keeps)}"),
+        ("kept topic: keeps missing / a keep's page again / no keep's page",
+         f"{missing} / {repeats} / {not_kept}"),
+        ("drops naming a page that was never kept (duplicate_of.page_id)", len(never_kept)),
+        ("self-duplicates", self_dups),
+        ("dead letters: records / distinct records / malformed records sent",
+         f"{sum(dead.values())} / {len(dead)} / {sent}"),
+        ("rejects by kind, decided / sent", _rejects_by_kind(c, rejects)),
+        ("decisions sent reduced (larger than the topic accepts)", reduced),
+    ]
+    if args.partitions == 1:
+        differ, compared, example = _against_uninterrupted(records, decisions, committed)
+        rows.append(("decisions that differ from an uninterrupted run "
+                     "(Deduplicator over the same records)", f"{differ} of {compared}"))
+        if example:
+            print(f"first difference: {example}")
+    rows += [
+        ("sessions started over (log: \"starting over from the last commit\"), by cause",
+         f"{sum(logged['over'].values())} ("
+         + (", ".join(f"{why}: {n}" for why, n in logged["over"].most_common()) or "none")
+         + ")"),
+        ("index restored at start: runs / kept pages claimed again",
+         f"{logged['restores']} / {logged['restored']}"),
+        ("service log: ERROR lines / tracebacks",
+         f"{logged['errors']} / {logged['tracebacks']}"),
+        *_run_rows(args, c),
+    ]
+    _table(rows)
+
+
+async def read_input(bootstrap: str, topic: str, partitions: int) -> list[ConsumerRecord]:
+    """Every record of the input topic with its bytes, by partition and offset. The
+    service's tolerant reader: a header key that is not UTF-8 stops aiokafka's own."""
+    install_tolerating_reader()
+    # Its warning about each such record is the service's to give, not ours.
+    logging.getLogger("stream_dedup.kafka").setLevel(logging.ERROR)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None,
+                                enable_auto_commit=False, auto_offset_reset="earliest",
+                                max_partition_fetch_bytes=2 * 1024 * 1024)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        end = await consumer.end_offsets(tps)
+        out: list[ConsumerRecord] = []
+        while [tp for tp in tps if await consumer.position(tp) < end[tp]]:
+            for batch in (await consumer.getmany(timeout_ms=1000)).values():
+                out += batch
+    finally:
+        await consumer.stop()
+    return sorted(out, key=lambda r: (r.partition, r.offset))
+
+
+def _kept_sources(kept: list[dict[str, object]], records: list[ConsumerRecord],
+                  ) -> tuple[Counter[str], int]:
+    """Each kept-topic record's input record (a copy has the input's key and value, a
+    reference names it in stream-dedup-ref): how often each source is there, and how many
+    kept-topic records match no input record, or several."""
+    by_bytes: dict[tuple[bytes | None, bytes | None], list[str]] = {}
+    for r in records:
+        by_bytes.setdefault((r.key, r.value), []).append(
+            source_of(r.topic, r.partition, r.offset))
+    on_kept: Counter[str] = Counter()
+    strays = 0
+    for m in kept:
+        ref = _header(m, "stream-dedup-ref")
+        if ref != "None":
+            on_kept[ref] += 1
+            continue
+        key, value = m.get("key"), m.get("payload")
+        matches = by_bytes.get((None if key is None else str(key).encode(),
+                                None if value is None else str(value).encode()), [])
+        if len(matches) == 1:
+            on_kept[matches[0]] += 1
+        else:
+            strays += 1
+    return on_kept, strays
+
+
+def _against_uninterrupted(records: list[ConsumerRecord], decisions: list[dict[str, Any]],
+                           committed: list[dict[str, object]]) -> tuple[int, int, str]:
+    """The service's decision of every record against the one an uninterrupted run gives:
+    `Deduplicator.check_batch` over the same records (pages made from them as the service
+    makes them, page ids included), in their order. A decision the service sent reduced
+    (clipped URLs) is compared by decision, reason, page id and duplicate's page id; the
+    others field by field. How many differ, how many were compared, the first difference."""
+    reference = Deduplicator(Settings(max_page_bytes=MAX_PAGE_BYTES))
+    items = [page_from_message(r.value, r.key, list(r.headers or ()),
+                               source_of(r.topic, r.partition, r.offset), input_format="json",
+                               max_bytes=MAX_PAGE_BYTES,
+                               position=position_id(r.timestamp, r.partition, r.offset))
+             for r in records]
+    expected: list[dict[str, Any]] = []
+    for i in range(0, len(items), 100):
+        expected += [d.to_dict() for d in reference.check_batch(items[i:i + 100])]
+    got: dict[str, list[tuple[dict[str, Any], bool]]] = {}
+    for d, m in zip(decisions, committed, strict=True):
+        got.setdefault(d["source"], []).append((d, _header(m, "stream-dedup-reduced") != "None"))
+
+    def gist(d: dict[str, Any]) -> tuple[Any, ...]:
+        dup = d["duplicate_of"]
+        return d["decision"], d["reason"], d["page_id"], dup and dup["page_id"]
+
+    differ, first = 0, ""
+    for e in expected:
+        wrong = [d for d, reduced in got.get(e["source"], [])
+                 if (gist(d) != gist(e) if reduced else d != e)]
+        if wrong or e["source"] not in got:
+            differ += 1  # a record counts once, whatever number of its decisions differ
+            if not first:
+                d = wrong[0] if wrong else None
+                fields = sorted(k for k in e if d is None or d.get(k) != e[k])
+                first = (f"{e['source']}: " + ", ".join(
+                    f"{k} {None if d is None else d.get(k)!r:.80} vs {e[k]!r:.80}"
+                    for k in fields))
+    return differ, len(expected), first
+
+
+def _service_log(log: Path | None) -> dict[str, Any]:
+    text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+    lines = text.splitlines()
+    # "no producer for <partition>: ..." or "the transaction of <partition> did not commit
+    # (<error>: ...)", each followed by "; starting over from the last commit".
+    over: Counter[str] = Counter()
+    for why in re.findall(r"stream_dedup\.service: (.*?); starting over from the last commit",
+                          text):
+        error = re.search(r"did not commit \((\w+)", why)
+        over["no producer for the partition" if why.startswith("no producer")
+             else f"did not commit, {error.group(1)}" if error else why[:60]] += 1
+    return {
+        "over": over,
+        "restores": sum(bool(re.search(r"restored \d+ kept pages", line)) for line in lines),
+        "restored": sum(int(m) for m in re.findall(r"restored (\d+) kept pages", text)),
+        "errors": sum(" ERROR " in line for line in lines),
+        "tracebacks": text.count("Traceback (most recent call last)"),
+    }
 
 
 if __name__ == "__main__":

@@ -217,8 +217,11 @@ class TransactionalSink(KafkaSink):
             logs = [await producer.send(self.changelog.topic, value, key=key,
                                         headers=list(headers), partition=0)
                     for key, value, headers in changes]
-            await asyncio.gather(*acks)
-            logged = [meta.offset for meta in await asyncio.gather(*logs)]
+            results = await asyncio.gather(*acks, *logs, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:  # every send's outcome read (none left to log "never retrieved")
+                raise failed[0]
+            logged = [meta.offset for meta in results[len(acks):]]
             await producer.send_offsets_to_transaction({tp: batch.positions[stream]},
                                                        self.settings.group_id)
             self.faults.at("before-transaction-commit", self.delivered)

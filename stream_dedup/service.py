@@ -215,7 +215,8 @@ class Service:
             sink.limits = await read_limits(settings, self._output_topics())
             self._warn_about_limits(sink.limits)
             if producers is not None:
-                producers.max_batch = sink.limits.batch(self._output_topics())
+                producers.max_batch = sink.limits.batch(
+                    [*self._output_topics(), settings.changelog()])
                 await restore_index(settings, dedup, m, stop)
             else:
                 sink.producer = await new_producer()

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from time import perf_counter
-from typing import Any, NamedTuple, Protocol
+from typing import Any
 
 from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
 from .config import Settings
@@ -32,7 +32,8 @@ from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
 from .index.base import WAIT, Change, Claim, FeatureIndex, Plan, Probe
-from .models import NEAR, VERIFIED_DISTINCT, Decision, Page, Rejected
+from .models import Decision, Page, Rejected
+from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
 
 log = logging.getLogger("stream_dedup")
 __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
@@ -40,49 +41,6 @@ __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer
 # Rounds of one batch with a claim lost before it is given up: a shared index loses a claim
 # only to a concurrent instance, so a few such rounds are the rule.
 MAX_ROUNDS = 50
-
-
-class StageTimes(NamedTuple):
-    """Seconds one page spent in each stage; 0.0 means the stage did not run."""
-
-    canonical_s: float = 0.0
-    sketch_s: float = 0.0
-    index_s: float = 0.0
-    verify_s: float = 0.0
-
-
-_NOT_RUN = StageTimes()
-
-
-class Observer(Protocol):
-    """Told about every decision (called in the deciding thread; keep it cheap)."""
-
-    def page(self, decision: Decision, nbytes: int, times: StageTimes) -> None:
-        """A page was decided (once per page; `nbytes` is its body size)."""
-
-    def redelivered(self, decision: Decision) -> None:
-        """A page delivered again got its earlier decision back."""
-
-    def batch(self, index: FeatureIndex) -> None:
-        """A batch is decided (a moment to look at the index)."""
-
-
-class NullObserver:
-    def page(self, decision: Decision, nbytes: int, times: StageTimes) -> None:
-        pass
-
-    def redelivered(self, decision: Decision) -> None:
-        pass
-
-    def batch(self, index: FeatureIndex) -> None:
-        pass
-
-
-def verify_outcome(d: Decision) -> str | None:
-    """What verification did for this decision: confirmed, overturned, unsampled or None."""
-    if d.reason == NEAR:
-        return "confirmed" if d.verified else "unsampled"
-    return "overturned" if d.reason == VERIFIED_DISTINCT else None
 
 
 def _probe(a: Analysis, page_id: int, url_key: int) -> Probe:

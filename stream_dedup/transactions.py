@@ -51,7 +51,7 @@ from .config import Settings
 from .edges import Batch, Faults
 from .errors import StreamDedupError
 from .index.base import LocalIndex
-from .kafka_client import make_producer, retry, stop_within
+from .kafka_client import consumer_kwargs, make_producer, retry, stop_within
 from .kafka_edges import KafkaSink, KafkaSource, _batch, _FinishBeforeRevoke, _names
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
@@ -254,11 +254,7 @@ async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metric
     tp = TopicPartition(settings.changelog(), 0)
     stream = f"{tp.topic}/0"
     start = dedup.index.offsets().get(stream, 0)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.bootstrap_servers, group_id=None,
-        enable_auto_commit=False, isolation_level="read_committed",
-        auto_offset_reset="earliest",
-        max_partition_fetch_bytes=max(1_048_576, settings.max_page_bytes + 65_536))
+    consumer = AIOKafkaConsumer(**{**consumer_kwargs(settings), "group_id": None})
     await retry(f"connecting to {settings.bootstrap_servers} (restoring the index)",
                 consumer.start, stop)
     restored = 0

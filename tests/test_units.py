@@ -354,6 +354,41 @@ def test_units_planned_ahead_are_bounded_by_their_bytes(
     assert two.decisions == one.decisions
 
 
+def test_a_body_a_worker_analysed_is_not_analysed_again_here(
+        big_warc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analyses of a worker's unit are remembered in this process: a later unit read
+    here analyses only the bodies nobody analysed before (the same analyses as its own)."""
+    first = next(u for u in units.plan_units([big_warc], SourceStats(), unit_bytes=1 << 20)
+                 if isinstance(u, units.Unit))
+    assert first.kind == "archive-part"
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        packed = executor.result(executor.submit(units._worker_read, first))
+    source = units.UnitSource([big_warc], Analyzer(Settings()), None)
+    got = source._remembered(units.unpack(packed))
+    assert got.items and len(source._memo.rows) > 10
+    analysed: list[int] = []
+    analyze = Analyzer.analyze
+
+    def counting(self: Analyzer, page: Page) -> object:
+        analysed.append(units.raw_fingerprint(page.body))
+        return analyze(self, page)
+
+    monkeypatch.setattr(Analyzer, "analyze", counting)
+    again = units.read_unit(first, source.analyzer, source._memo)  # the worker's unit, here
+    assert analysed == [] and len(again.items) == len(got.items)
+    fresh = units.read_unit(first, source.analyzer, units.Memo())
+    assert analysed  # (the spy sees analyses)
+    for a, b in zip(again.analyses, fresh.analyses, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles) == (
+                b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles)
+            assert a.sketch is None or (a.sketch == b.sketch).all()
+
+
 def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker remembers analyses of bodies it read, with their shingle sets (up to 256 KB

@@ -63,8 +63,8 @@ from stream_dedup.sources.warc import (
 
 # What a cut is checked with: the start of the data after it (gunzipped from at most so
 # many bytes of the file), which must be a whole record header line (WARC: and a
-# Content-Length, if the header ends within it).
-_PROBE = 16 << 10
+# Content-Length, if the header ends within it). 4 KiB: a cut costs 107 µs, not 134.
+_PROBE = 4 << 10
 # How much of the first gzip member is gunzipped to tell one stream from one member per
 # record: the first record (warcinfo, an ARC's filedesc) is a few hundred bytes.
 _FIRST_MEMBER = 1 << 20
@@ -100,8 +100,8 @@ def plan_parts(path: Path, unit_bytes: int, unsplit: list[str]
                ) -> tuple[ArchiveFormat | None, Iterator[Cut]]:
     """The file's format and its parts in order: one whole Cut when it is not worth
     cutting or cannot be cut (then, if it is a gzip stream that should have been, its path
-    is added to `unsplit`). Parts are found as they are asked for (a 1 GB file: ~1,000
-    probes of ~20 µs). Raises OSError if the file cannot be read."""
+    is added to `unsplit`). Parts are found as they are asked for (~110 µs a cut: 7 ms
+    for a 64 MB WARC, ~0.1 s a GB). Raises OSError if the file cannot be read."""
     size = path.stat().st_size
     fmt = archive_format(read_head(path))
     if fmt is None or size < 2 * unit_bytes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import fcntl
 import json
 import os
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 
-from stream_dedup import Settings
+from stream_dedup import Settings, workers
 from stream_dedup import replay as replay_module
 from stream_dedup.analysis import AnalysisPool, Analyzer
 from stream_dedup.models import Page, Rejected
@@ -387,6 +388,21 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
             assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles) == (
                 b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles)
             assert a.sketch is None or (a.sketch == b.sketch).all()
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux's")
+def test_a_worker_sends_a_unit_s_result_without_waiting_for_the_reader() -> None:
+    """The result pipe holds a unit's result (~0.5 MB; 64 KiB by default), so a worker does
+    not wait for this process's result thread to take its turn of the GIL."""
+    cap = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    if cap < workers.RESULT_PIPE_BYTES and os.geteuid() != 0:
+        pytest.skip(f"pipes are capped at {cap} bytes here")
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        reader = executor._result_queue._reader  # type: ignore[attr-defined]
+        assert fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ) >= workers.RESULT_PIPE_BYTES
 
 
 def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(

@@ -1,16 +1,22 @@
 #!/usr/bin/env python3
-"""`replay --workers 2` against `--workers 1`, in one run: what a second core buys.
+"""`replay --workers W` against `--workers 1`, in one run: what more cores buy.
 
 Each round runs `python -m stream_dedup replay FILES --workers W -o /dev/null` as a fresh
-process for W = 1 and W = 2, alternating which goes first, on each input:
+process for W = 1 .. --max-workers (default: the cores this process may use), the order
+turned around every other round, on each input:
 - corpora: every WARC/ARC file of ../shared/corpora/warc, then the httpbis drafts (written
   once to a temporary JSONL, raw bytes in `body_b64`);
 - synthetic: `benchlib.synthetic_pages(--pages)` (20 KB pages, 15 % near-duplicates), JSONL;
-- small: one WARC file (--small), the case that must not get slower with a pool.
+- small: one WARC file (--small), the case that must not get slower with a pool;
+- big: one record-gzipped WARC of --big-mb (62) MB built in a temporary directory by
+  bench/bigwarc.py, the issue's file: the corpus's HTML responses again and again, URLs made
+  distinct, so from the second round on every body is an exact copy (mostly reading);
+- big-distinct: the same with each round's text shifted so that it is new text (analysis
+  as for new pages).
 Two figures a run: `replay` = the replay call as the summary reports it (reading, deciding,
 writing, the analysis processes' start and stop: start-up of the pool included), and
 `process` = the whole command, interpreter start and imports included. Pages/s are from the
-median of --rounds; the 2/1 ratio is the ratio of the medians (the per-round ratios' median
+median of --rounds; the W/1 ratio is the ratio of the medians (the per-round ratios' median
 is printed too).
 
 Bounds, measured in this process:
@@ -21,16 +27,20 @@ Bounds, measured in this process:
 - host: two CPU-bound processes against one (2.0 on two free cores): on a shared machine
   the most that any second process can add at the time of the run.
 
-    python bench/workers.py                     # 5 rounds, 10,000 synthetic pages (~4 min)
+    python bench/workers.py                     # 5 rounds, all inputs, W = 1..cores (~7 min)
     python bench/workers.py --rounds 3 --pages 4000 --inputs corpora,small
+    python bench/workers.py --inputs big,big-distinct --max-workers 3
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import json
 import os
+import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import benchlib
+import bigwarc
 from benchlib import REPO, header, parallel_ceiling, table
 
 from stream_dedup.analysis import AnalysisPool, Analyzer
@@ -97,8 +108,12 @@ class Precomputed(AnalysisPool):
 def precompute(settings: Settings, files: Sequence[Path]) -> tuple[list[Page], Precomputed]:
     pages = [p for p in iter_inputs(files) if isinstance(p, Page)]
     analyzer = Analyzer(settings)
-    return pages, Precomputed(settings, {raw_fingerprint(p.body): analyzer.analyze(p)
-                                         for p in pages})
+    analyses: dict[int, Analysis] = {}
+    for p in pages:
+        fp = raw_fingerprint(p.body)
+        if fp not in analyses:
+            analyses[fp] = analyzer.analyze(p)
+    return pages, Precomputed(settings, analyses)
 
 
 def decide_ceiling(settings: Settings, pages: list[Page], free: Precomputed,
@@ -141,18 +156,41 @@ def median_ratio(one: list[float], two: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(one, two, strict=True))
 
 
+def cpu_seconds() -> tuple[float, float, float]:
+    """(CPU seconds busy on this machine, of which this process and its children, stolen by
+    the hypervisor), all CPUs, from /proc/stat and getrusage."""
+    mine = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    try:
+        with open("/proc/stat") as fh:
+            user, nice, system, _idle, _io, irq, softirq, steal = map(
+                int, fh.readline().split()[1:9])
+    except (OSError, ValueError):
+        return float("nan"), mine, float("nan")
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, mine, steal / tick
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pages", type=int, default=10_000, help="synthetic pages")
-    ap.add_argument("--inputs", default="corpora,synthetic,small")
+    ap.add_argument("--inputs", default="corpora,synthetic,small,big,big-distinct")
+    ap.add_argument("--big-mb", type=float, default=62, help="size of the built WARC files")
+    ap.add_argument("--max-workers", type=int, default=cores(),
+                    help="time --workers 1..this (default: the cores this process may use)")
     ap.add_argument("--small", default=SMALL_DEFAULT, help="one file under corpora/warc")
     ap.add_argument("--batch-size", type=int, default=Settings().batch_size)
     ap.add_argument("--before", type=Path, metavar="CHECKOUT",
                     help="also time this checkout (its extension built in place), same rounds")
     args = ap.parse_args()
-    print(header("## --workers 2 against --workers 1 (bench/workers.py)"))
+    print(header("## --workers W against --workers 1 (bench/workers.py)"))
     tmp = Path(tempfile.mkdtemp(prefix="workers-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)  # the built WARC files: ~130 MB
     inputs: dict[str, list[Path]] = {}
     wanted = args.inputs.split(",")
     if "corpora" in wanted:
@@ -163,46 +201,70 @@ def main() -> None:
                                            tmp / "synthetic.jsonl")]
     if "small" in wanted:
         inputs["small"] = [benchlib.WARCS / args.small]
+    for name, distinct in (("big", False), ("big-distinct", True)):
+        if name in wanted:
+            path = tmp / f"{name}.warc.gz"
+            rounds, records = bigwarc.write(path, int(args.big_mb * 1e6), distinct)
+            print(f"{name}: {path.stat().st_size / 1e6:.1f} MB, {records:,} HTML responses "
+                  f"({rounds} rounds of the corpus's), one gzip member each")
+            inputs[name] = [path]
     one, two = parallel_ceiling()
     print(f"host: one CPU-bound process {one:.2f} s; two at once do {two:.2f}x the work of "
-          f"one (2.00 on two free cores)\n")
+          f"one (2.00 on two free cores)")
+    busy0, mine0, steal0 = cpu_seconds()
+    started = time.perf_counter()
 
     codes = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
+    counts = list(range(1, max(args.max_workers, 2) + 1))
     got: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {}
     for r in range(args.rounds):
         for name, files in inputs.items():
             for code, path in codes.items():
-                for w in ((1, 2) if r % 2 == 0 else (2, 1)):
+                for w in (counts if r % 2 == 0 else counts[::-1]):
                     got.setdefault((name, code, w), []).append(
                         run_replay(files, w, args.batch_size, path))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+    busy, mine, steal = (b - a for a, b in zip((busy0, mine0, steal0), cpu_seconds(),
+                                                  strict=True))
+    spent = time.perf_counter() - started
+    _, after = parallel_ceiling()
+    print(f"host after the rounds: two at once do {after:.2f}x. During the {spent:.0f} s of "
+          f"rounds, other processes here used {busy - mine:.1f} s of CPU "
+          f"({(busy - mine) / spent:.0%} of a core) and the hypervisor took {steal:.1f} s\n")
+
+    s = Settings()
+    ceilings: dict[str, tuple[float, float]] = {}
+    for name, files in inputs.items():
+        if name != "small":
+            pages, free = precompute(s, files)
+            ceilings[name] = (decide_ceiling(s, pages, free, args.batch_size),
+                              replay_ceiling(s, files, free))
+            del pages, free
+
     rows = []
     for name in inputs:
         for code in codes:
-            runs1, runs2 = got[(name, code, 1)], got[(name, code, 2)]
+            runs1 = got[(name, code, 1)]
             pages = runs1[0][2]
+            decide = ceilings[name][0] if name in ceilings else float("nan")
             for k, label in ((0, "replay"), (1, "process")):
                 s1 = [x[k] for x in runs1]
-                s2 = [x[k] for x in runs2]
-                m1, m2 = statistics.median(s1), statistics.median(s2)
-                rows.append([name, code, label, pages, m1, m2, pages / m1, pages / m2, m1 / m2,
-                             median_ratio(s1, s2), f"{min(s2):.2f}-{max(s2):.2f}"])
-    print(table(["input", "code", "timed", "pages", "s w=1", "s w=2", "pages/s w=1",
-                 "pages/s w=2", "2/1 (medians)", "2/1 (rounds)", "w=2 range s"], rows))
+                m1 = statistics.median(s1)
+                for w in counts:
+                    sw = [x[k] for x in got[(name, code, w)]]
+                    mw = statistics.median(sw)
+                    rows.append([name, code, label, pages, w, mw, pages / mw, m1 / mw,
+                                 median_ratio(s1, sw), f"{min(sw):.2f}-{max(sw):.2f}",
+                                 decide])
+    print(table(["input", "code", "timed", "pages", "W", "s", "pages/s", "W/1 (medians)",
+                 "W/1 (rounds)", "range s", "decide ceiling pages/s"], rows))
     print()
-
-    s = Settings()
-    ceil_rows = []
-    for name, files in inputs.items():
-        if name == "small":
-            continue
-        pages, free = precompute(s, files)
-        ceil_rows.append([name, len(pages), decide_ceiling(s, pages, free, args.batch_size),
-                          replay_ceiling(s, files, free)])
-    print(table(["input", "pages", "decide ceiling pages/s", "replay ceiling pages/s"],
-                ceil_rows))
-    print("\n(ceilings: analysis precomputed; `decide` = check_batch alone, `replay` = the "
-          "same replay call with reading and writing)")
+    print(table(["input", "decide ceiling pages/s", "replay ceiling pages/s"],
+                [[name, *c] for name, c in ceilings.items()]))
+    print("\n(ceilings: analysis precomputed, in this process; `decide` = check_batch alone: "
+          "the deciding thread, which bounds any --workers; `replay` = the same replay call "
+          "with reading and writing here, as a replay under 16 MB reads: a replay the "
+          "workers read is not bound by it)")
 
 
 

@@ -33,6 +33,8 @@ log = logging.getLogger("stream_dedup")
 # them (sources/units.py); a smaller replay is read here and starts them only if a batch
 # turns out to have MIN_POOL_PAGES pages to analyse (analysis.py).
 EARLY_START_BYTES = 16 << 20
+UNSPLIT_WHY = ("one gzip stream, so it cannot be cut into parts (recompress it one gzip "
+               "member per record, e.g. `warcio recompress IN OUT.warc.gz`)")
 
 
 @dataclass
@@ -45,6 +47,7 @@ class ReplaySummary:
     index: dict[str, float] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)  # "path: why", as rejected
     repeated: list[str] = field(default_factory=list)  # inputs given again, read once
+    unsplit: list[str] = field(default_factory=list)  # big archives read whole: one gzip stream
 
     @property
     def pages_per_second(self) -> float:
@@ -70,6 +73,7 @@ class ReplaySummary:
             "index": self.index,
             "unreadable_inputs": self.unreadable,
             "repeated_inputs": self.repeated,
+            "unsplit_inputs": self.unsplit,
         }
 
     def render(self) -> str:
@@ -90,6 +94,9 @@ class ReplaySummary:
                 f"{k} {v:,}" for k, v in sorted(self.skipped.items()) if v))
         if self.repeated:
             lines.append("given more than once, read once: " + "; ".join(self.repeated))
+        if self.unsplit:
+            lines.append(f"read by one process, not shared by the --workers: {UNSPLIT_WHY}: "
+                         + "; ".join(self.unsplit))
         if self.unreadable:
             lines.append(f"UNREADABLE INPUTS ({len(self.unreadable)}):")
             lines += [f"  {why}" for why in self.unreadable]
@@ -159,6 +166,7 @@ def replay(
     summary.skipped = source.stats.skipped_summary()
     summary.unreadable = list(source.stats.unreadable)
     summary.repeated = list(source.stats.repeated)
+    summary.unsplit = list(source.stats.unsplit)
     return summary
 
 

@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from opskit import alive, children, identity, proc_stat, wait_for
 from test_units import _ready_pool
+from warcgen import split_cases
 
 from stream_dedup import Deduplicator, Settings
 from stream_dedup.cli import main
 from stream_dedup.metrics import Metrics
 from stream_dedup.replay import EARLY_START_BYTES, replay
-from stream_dedup.sample import write_sample
+from stream_dedup.sample import build, write_sample
 from stream_dedup.sinks import MemorySink
 
 
@@ -67,6 +68,48 @@ def test_workers_give_the_same_decisions(sample, tmp_path: Path) -> None:  # typ
     one = _run(tmp_path, str(warc), str(jsonl))
     two = _run(tmp_path, str(warc), str(jsonl), "--workers", "2")
     assert one == two
+
+
+CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
+# Real files beside the generated ones when the corpus is here: WARC with revisits and
+# pages without a payload digest, record-gzipped ARC, plain ARC v1 without separators.
+CORPUS_FILES = ("aut/example.warc.gz", "aut/example.arc.gz",
+                "copycat/wayback-snapshot-wayback-topic-02.warc.gz",
+                "copycat/commoncrawl-small-sample-1262850551027_8.arc")
+
+
+@pytest.fixture(scope="module")
+def split_archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return split_cases(tmp_path_factory.mktemp("split"), [p.html.encode() for p in build(11)])
+
+
+@pytest.mark.parametrize("workers", ["2", "3"])
+def test_archives_read_in_parts_give_byte_identical_outputs(
+        split_archives: dict[str, Path], sample, tmp_path: Path,  # type: ignore[no-untyped-def]
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        workers: str) -> None:
+    """`replay --workers N` with the workers reading archives cut into parts (the traps
+    of warcgen.split_cases, the sample, corpus files): the decisions and the dead letters,
+    byte for byte, of --workers 1; the summary names the file that is one gzip stream
+    once, with the fix."""
+    from stream_dedup import replay as replay_module
+    from stream_dedup.sources import units
+
+    monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)  # the workers read the input
+    monkeypatch.setattr(units, "UNIT_BYTES", 8000)  # in parts, these files being small
+    files = [*map(str, split_archives.values()), str(sample[0])]
+    files += [str(CORPUS / f) for f in CORPUS_FILES if (CORPUS / f).is_file()]
+    got = {}
+    for w in ("1", workers):
+        out, dead, summary = (tmp_path / f"{name}{w}" for name in ("out", "dead", "summary"))
+        assert main(["replay", *files, "--workers", w, "-o", str(out), "--dead-letter",
+                     str(dead), "--summary-json", str(summary)]) == 0
+        got[w] = out.read_bytes(), dead.read_bytes(), json.loads(summary.read_text())
+    assert got[workers][:2] == got["1"][:2] and got["1"][0].count(b"\n") > 100
+    assert got[workers][2]["unsplit_inputs"] == [str(split_archives["stream.warc.gz"])]
+    assert got["1"][2]["unsplit_inputs"] == []  # one process reads everything anyway
+    err = capsys.readouterr().err
+    assert err.count("one gzip stream") == 1 and "warcio recompress" in err
 
 
 def test_a_small_replay_starts_no_worker_process(sample, tmp_path: Path, monkeypatch,

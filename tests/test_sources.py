@@ -184,6 +184,7 @@ def test_warc_pages_skips_and_stats(tmp_path: Path, gzip_records: bool) -> None:
         "rejected": {},
         "unreadable": [],
         "repeated": [],
+        "unsplit": [],
     }
 
 

@@ -1,28 +1,35 @@
-"""`replay --workers N` with the worker processes reading the input (sources/units.py):
-the same items, analyses and decisions, in the same order, as one process reading it."""
+"""`replay --workers N` with the worker processes reading the input (sources/units.py,
+sources/parts.py): the same items, analyses and decisions, in the same order, as one
+process reading it; big archives cut into parts, including archives built to trip the cuts."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import fcntl
 import json
 import os
 import signal
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 
-from stream_dedup import Settings
+from stream_dedup import Settings, workers
 from stream_dedup import replay as replay_module
 from stream_dedup.analysis import AnalysisPool, Analyzer
 from stream_dedup.models import Page, Rejected
 from stream_dedup.replay import replay
-from stream_dedup.sample import write_sample
+from stream_dedup.sample import build, write_sample
 from stream_dedup.sinks import MemorySink
-from stream_dedup.sources import units
+from stream_dedup.sources import parts, units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.warc import SourceStats
 
 BAD_LINES = (5, 12, 13)  # 1-based lines of crawl.jsonl that are not a page
+CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
 
 
 @pytest.fixture(scope="module")
@@ -60,36 +67,153 @@ def _ready_pool(pools: list[AnalysisPool]) -> type[AnalysisPool]:
 
 def _replay_with_units(files: list[Path], monkeypatch: pytest.MonkeyPatch, settings: Settings,
                        source_class: type[units.UnitSource] = units.UnitSource,
-                       dead_letter: object = None) -> tuple[MemorySink, units.UnitSource]:
+                       dead_letter: object = None, *, workers: int = 2, unit_bytes: int = 3000,
+                       ) -> tuple[MemorySink, units.UnitSource]:
     sources: list[units.UnitSource] = []
 
     class Recorded(source_class):  # type: ignore[valid-type,misc]
         def __init__(self, *args: object, **kwargs: object) -> None:
-            super().__init__(*args, unit_bytes=3000, **kwargs)  # type: ignore[arg-type]
+            super().__init__(*args, unit_bytes=unit_bytes, **kwargs)  # type: ignore[arg-type]
             sources.append(self)
 
     monkeypatch.setattr(replay_module, "AnalysisPool", _ready_pool([]))
     monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
     monkeypatch.setattr(replay_module, "UnitSource", Recorded)
     sink = MemorySink()
-    replay(files, sink, settings, workers=2, dead_letter=dead_letter)  # type: ignore[arg-type]
+    replay(files, sink, settings, workers=workers, dead_letter=dead_letter)  # type: ignore[arg-type]
     assert len(sources) == 1
     return sink, sources[0]
 
 
+def _read_in_order(files: list[Path], unit_bytes: int) -> tuple[list[Page | Rejected],
+                                                                 units.UnitSource]:
+    """Every unit read in this process, settled in order as a replay takes them."""
+    source = units.UnitSource(files, Analyzer(Settings()), None, unit_bytes=unit_bytes)
+    items, _ = source._take(1 << 30, asyncio.Event())
+    return items, source
+
+
 def test_units_give_the_items_of_one_reader_in_order(crawl: list[Path]) -> None:
-    """The plan cut at line ends, each range with its first line's number: the units read
-    in a row give exactly the items of the plain reader (sources, rejects, raw bytes)."""
+    """The plan cut at line ends, each range with its first line's number, and the WARC
+    in parts: the units read in a row give exactly the items of the plain reader
+    (sources, rejects, raw bytes)."""
     stats = SourceStats()
     planned = list(units.plan_units(crawl, stats, unit_bytes=3000))
     ranges = [u for u in planned if isinstance(u, units.Unit) and u.kind == "jsonl-range"]
     assert len(ranges) > 10  # the 40-line file is cut into many units
-    analyzer = Analyzer(Settings())
-    got: list[Page | Rejected] = []
-    for unit in planned:
-        assert isinstance(unit, units.Unit)
-        got += units.read_unit(unit, analyzer, units.Memo()).items
+    assert sum(isinstance(u, units.Unit) and u.kind == "archive-part" for u in planned) > 10
+    got, _ = _read_in_order(crawl, 3000)
     assert got == list(iter_inputs(crawl))
+
+
+@pytest.fixture(scope="module")
+def archives(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """warcgen.split_cases over the sample's articles (near and exact copies among them)."""
+    bodies = [p.html.encode() for p in build(11)]
+    return split_cases(tmp_path_factory.mktemp("parts"), bodies)
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[Path, parts.Settled]]]:
+    """Every part settled, with its file."""
+    seen: list[tuple[Path, parts.Settled]] = []
+    settle = parts.Chain.settle
+
+    def spy(self: parts.Chain, cut: parts.Cut, end: parts.PartEnd, rest: bool = False
+            ) -> parts.Settled:
+        got = settle(self, cut, end, rest)
+        seen.append((self.path, got))
+        return got
+
+    monkeypatch.setattr(parts.Chain, "settle", spy)
+    yield seen
+
+
+@pytest.mark.parametrize("unit_bytes", [1, 3000])
+def test_archive_parts_give_the_items_of_one_reader(
+        archives: dict[str, Path], settled: list[tuple[Path, parts.Settled]],
+        unit_bytes: int) -> None:
+    """Each archive cut into parts (at every record with unit_bytes 1), read and settled
+    in order: exactly the items of the whole file's reader, and each trap took the path
+    meant for it."""
+    files = list(archives.values())
+    got, source = _read_in_order(files, unit_bytes)
+    assert got == list(iter_inputs(files))
+    by_file: dict[str, Counter[str]] = {}
+    for path, s in settled:
+        kind = ("again" if s.again is not None else "rest" if s.rest is not None
+                else "dropped" if s.base is None else "ok")
+        by_file.setdefault(path.name, Counter())[kind] += 1
+    # a cut inside the crawled .warc.gz / on a header line inside a body: its part is
+    # dropped, and read again from the real next record if that is before its end
+    for name in ("nested.warc.gz", "nested.warc"):
+        assert by_file[name]["again"] + by_file[name]["dropped"] >= 1, name
+    assert by_file["damaged.warc.gz"]["rest"] == 1  # FastWARC stopped at the damage
+    assert by_file["junk.arc.gz"]["rest"] == 1  # the lenient reader met the junk
+    for name in ("truncated.warc.gz", "pages.arc.gz", "pages.arc"):
+        assert by_file[name]["ok"] > 5 and set(by_file[name]) == {"ok"}, name
+    assert "stream.warc.gz" not in by_file  # one gzip stream: read whole
+    assert source.stats.unsplit == [str(archives["stream.warc.gz"])]
+
+
+def _decided_by_parts(files: list[Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                      workers: int, unit_bytes: int) -> units.UnitSource:
+    """--workers 1 against `workers` processes reading the files in parts of
+    `unit_bytes`: the same decisions in the same order, the same dead letters."""
+    settings = Settings(batch_size=50)
+    one = MemorySink()
+    with open(tmp_path / "dead1.jsonl", "w") as dead1:
+        replay(files, one, settings, dead_letter=dead1)
+    with open(tmp_path / "dead2.jsonl", "w") as dead2:
+        two, source = _replay_with_units(files, monkeypatch, settings, dead_letter=dead2,
+                                         workers=workers, unit_bytes=unit_bytes)
+    assert source.units_there > 0, "the worker processes read none of the input"
+    assert two.decisions == one.decisions
+    assert (tmp_path / "dead2.jsonl").read_text() == (tmp_path / "dead1.jsonl").read_text()
+    assert Counter(d.decision for d in one.decisions)["drop"] > 10  # decisions worth comparing
+    return source
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_archives_read_in_parts_by_workers_give_the_same_decisions(
+        archives: dict[str, Path], crawl: list[Path], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, workers: int) -> None:
+    source = _decided_by_parts([*archives.values(), *crawl], monkeypatch, tmp_path, workers,
+                               unit_bytes=8000)
+    assert source.stats.unsplit == [str(archives["stream.warc.gz"])]
+
+
+@pytest.fixture(scope="module")
+def big_warc(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """~6 MB, one member per record: the sample's articles and their copies from eight
+    seeds, each response after a request and followed by a metadata record."""
+    records: list[bytes | Resp] = [warcinfo()]
+    for seed in range(8):
+        for i, page in enumerate(build(seed)):
+            url = f"http://big{seed}.example/{i}"
+            records += [request(url), Resp(url, page.html.encode()), metadata(url)]
+    return write_warc(tmp_path_factory.mktemp("big") / "big.warc.gz", records)
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_a_big_warc_in_parts_gives_the_same_decisions(
+        big_warc: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        workers: int) -> None:
+    source = _decided_by_parts([big_warc], monkeypatch, tmp_path, workers,
+                               unit_bytes=256 << 10)
+    assert source.units_here + source.units_there > 10
+
+
+@pytest.mark.corpus
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpora/warc is absent")
+@pytest.mark.parametrize("workers", [2, 3])
+def test_real_archives_in_parts_give_the_same_decisions(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, workers: int) -> None:
+    """Every WARC and ARC file of the corpus (revisits, truncated files, a one-member
+    file, ARC v1 without separators...) in parts of 64 KB."""
+    files = sorted(p for p in CORPUS.rglob("*") if ".arc" in p.name or ".warc" in p.name)
+    source = _decided_by_parts(files, monkeypatch, tmp_path, workers, unit_bytes=64 << 10)
+    assert source.units_here + source.units_there > 200
 
 
 def test_workers_reading_the_input_give_the_same_decisions_in_order(
@@ -166,11 +290,10 @@ def test_a_worker_killed_mid_file_loses_no_page_and_changes_no_decision(
 
 
 def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
-    """Ctrl-C during a replay: a unit read in this process (a whole archive, possibly
-    minutes of work) is left after the page being read, not finished first."""
-    import asyncio
-
-    source = units.UnitSource(crawl, Analyzer(Settings()), None, unit_bytes=3000)
+    """Ctrl-C during a replay: a unit read in this process (a whole archive that cannot be
+    cut, possibly minutes of work) is left after the page being read, not finished first."""
+    # units of 1 MiB: the 0.3 MB WARC is too small to cut, and is the first unit
+    source = units.UnitSource(crawl, Analyzer(Settings()), None, unit_bytes=1 << 20)
     stop = asyncio.Event()
     pages = 0
     feed = source._feed
@@ -190,8 +313,9 @@ def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
 
 def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
         crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive is one unit however large, and its result waits here until decided: past
-    QUEUED_BYTES_PER_PROCESS of input queued, no more units go to the workers."""
+    """An archive that cannot be cut is one unit however large, and a result waits here
+    until decided: past QUEUED_BYTES_PER_PROCESS of input queued, no more units go to the
+    workers."""
     most = 0
 
     class Counting(units.UnitSource):
@@ -229,6 +353,56 @@ def test_units_planned_ahead_are_bounded_by_their_bytes(
     two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
     assert most == 1 and source.units_there + source.units_here > 3
     assert two.decisions == one.decisions
+
+
+def test_a_body_a_worker_analysed_is_not_analysed_again_here(
+        big_warc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The analyses of a worker's unit are remembered in this process: a later unit read
+    here analyses only the bodies nobody analysed before (the same analyses as its own)."""
+    first = next(u for u in units.plan_units([big_warc], SourceStats(), unit_bytes=1 << 20)
+                 if isinstance(u, units.Unit))
+    assert first.kind == "archive-part"
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        packed = executor.result(executor.submit(units._worker_read, first))
+    source = units.UnitSource([big_warc], Analyzer(Settings()), None)
+    got = source._remembered(units.unpack(packed))
+    assert got.items and len(source._memo.rows) > 10
+    analysed: list[int] = []
+    analyze = Analyzer.analyze
+
+    def counting(self: Analyzer, page: Page) -> object:
+        analysed.append(units.raw_fingerprint(page.body))
+        return analyze(self, page)
+
+    monkeypatch.setattr(Analyzer, "analyze", counting)
+    again = units.read_unit(first, source.analyzer, source._memo)  # the worker's unit, here
+    assert analysed == [] and len(again.items) == len(got.items)
+    fresh = units.read_unit(first, source.analyzer, units.Memo())
+    assert analysed  # (the spy sees analyses)
+    for a, b in zip(again.analyses, fresh.analyses, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles) == (
+                b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles)
+            assert a.sketch is None or (a.sketch == b.sketch).all()
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_GETPIPE_SZ"), reason="pipe sizes are Linux's")
+def test_a_worker_sends_a_unit_s_result_without_waiting_for_the_reader() -> None:
+    """The result pipe holds a unit's result (~0.5 MB; 64 KiB by default), so a worker does
+    not wait for this process's result thread to take its turn of the GIL."""
+    cap = int(Path("/proc/sys/fs/pipe-max-size").read_text())
+    if cap < workers.RESULT_PIPE_BYTES and os.geteuid() != 0:
+        pytest.skip(f"pipes are capped at {cap} bytes here")
+    with AnalysisPool(Settings(), 2) as pool:
+        assert pool.wait_ready(60)
+        executor = pool.executor()
+        assert executor is not None
+        reader = executor._result_queue._reader  # type: ignore[attr-defined]
+        assert fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ) >= workers.RESULT_PIPE_BYTES
 
 
 def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(

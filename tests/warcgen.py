@@ -10,6 +10,7 @@ files, garbage between records.
 from __future__ import annotations
 
 import gzip
+import random
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
@@ -190,3 +191,60 @@ def write_arc(
             data = record + b"\n" if separators else record
             out.write(gzip.compress(data, mtime=0) if gzip_records else data)
     return path
+
+
+def split_cases(directory: Path, bodies: Sequence[bytes], seed: int = 5) -> dict[str, Path]:
+    """Archives that trip a reader cutting files into parts (sources/parts.py), each with
+    HTML responses of `bodies` (at least 31) around the trap:
+    - nested.warc.gz: a crawled .warc.gz as a payload: gzip members stored whole inside a
+      member, which open WARC headers (a cut found there is not a record start);
+    - nested.warc: plain, a text payload holding WARC records (header lines in a body);
+    - truncated.warc.gz: the last gzip member cut short in its header;
+    - damaged.warc.gz: a corrupt member and junk between members, mid-file (FastWARC
+      stops there, the lenient reader goes on);
+    - pages.arc.gz: one gzip member per ARC record; junk.arc.gz: the same with junk
+      between two members mid-file; pages.arc: plain; cc.arc: ARC v1 without separators
+      (Common Crawl 2008: a header line glued to the last line of the body before);
+    - stream.warc.gz: the whole WARC one gzip stream (cannot be cut)."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    resps = [Resp(f"http://split.example/{i}", body) for i, body in enumerate(bodies)]
+    out: dict[str, Path] = {}
+    crawled = b"".join(gzip.compress(response(Resp(f"http://inner.example/{i}",
+                                                   rng.randbytes(6000), "application/gzip")),
+                                     mtime=0) for i in range(8))
+    # stored (level 0, as deflate stores incompressible data): the inner members lie in
+    # the file as they are, in one stored block of up to 64 KiB
+    trap = gzip.compress(response(Resp("http://split.example/crawl.warc.gz", crawled,
+                                       "application/gzip")), compresslevel=0, mtime=0)
+    out["nested.warc.gz"] = directory / "nested.warc.gz"
+    out["nested.warc.gz"].write_bytes(b"".join(
+        [gzip.compress(warcinfo(), mtime=0), *(gzip.compress(response(r), mtime=0)
+                                               for r in resps[:12]), trap,
+         *(gzip.compress(response(r), mtime=0) for r in resps[12:])]))
+    text = b"".join(response(Resp(f"http://inner.example/t{i}", bodies[i])) for i in range(3))
+    out["nested.warc"] = write_warc(directory / "nested.warc", [
+        warcinfo(), *resps[:10], Resp("http://split.example/dump.txt", text, "text/plain"),
+        *resps[10:30]], gzip_records=False)
+    last = gzip.compress(response(resps[30]), mtime=0)
+    truncated = write_warc(directory / "truncated.warc.gz", [warcinfo(), *resps[:30]])
+    truncated.write_bytes(truncated.read_bytes() + last[:40])  # FastWARC drops it unsaid
+    out["truncated.warc.gz"] = truncated
+    members = [gzip.compress(response(r), mtime=0) for r in resps[:30]]
+    broken = bytearray(members[10])
+    broken[40:60] = b"X" * 20
+    members[10] = bytes(broken)
+    members.insert(20, b"junk between members\r\n")
+    out["damaged.warc.gz"] = directory / "damaged.warc.gz"
+    out["damaged.warc.gz"].write_bytes(gzip.compress(warcinfo(), mtime=0) + b"".join(members))
+    out["pages.arc.gz"] = write_arc(directory / "pages.arc.gz", resps[:30], gzip_records=True)
+    head = write_arc(directory / "junk.arc.gz", resps[:15], gzip_records=True).read_bytes()
+    tail = b"".join(gzip.compress(arc_response(r) + b"\n", mtime=0) for r in resps[15:30])
+    out["junk.arc.gz"] = directory / "junk.arc.gz"
+    out["junk.arc.gz"].write_bytes(head + b"junk between members\n" + tail)
+    out["pages.arc"] = write_arc(directory / "pages.arc", resps[:30])
+    out["cc.arc"] = write_arc(directory / "cc.arc", resps[:30], separators=False)
+    out["stream.warc.gz"] = directory / "stream.warc.gz"
+    out["stream.warc.gz"].write_bytes(gzip.compress(
+        b"".join([warcinfo(), *(response(r) for r in resps[:30])]), mtime=0))
+    return out

@@ -3,7 +3,9 @@ decides. The replay source for inputs worth a pool (replay.py: EARLY_START_BYTES
 
     this process                                      worker processes (AnalysisPool)
     the inputs -> units, in input order:
-      an archive or a gzipped file: one unit;
+      an archive: parts of ~UNIT_BYTES cut at
+      records (parts.py; one unit if it is one
+      gzip stream); gzipped JSONL: one unit;
       plain JSONL: ranges of ~UNIT_BYTES cut at
       line ends (line numbers counted here)
     keeps 6 units (32 MB at most) a process ─────────> read the unit (files.py readers),
@@ -11,6 +13,8 @@ decides. The replay source for inputs worth a pool (replay.py: EARLY_START_BYTES
     reads and analyses the earliest unit nobody        pages without their bodies, the
       has taken itself, while the one due is not       analyses, and the readers' counts
       back (it never idles while units wait)    <────
+    settles an archive's parts in order (record
+      ordinals; a cut that was no record start)
     hands out batches of items + analyses, in input order -> runner.py -> pipeline.py
 
 Why: a page sent to a worker as a Page and its Analysis sent back cost this process ~60-80
@@ -21,8 +25,9 @@ come back; what this process does per page a worker analysed is unpickling its a
 and deciding it.
 
 Decisions do not change: the same readers make the same pages (same `source`, same
-rejects), every analysis is `Analyzer.analyze` of the page, and the runner decides the
-items in input order as it does any batch (Deduplicator.check_batch, `analysed`). A body
+rejects; an archive's parts read what the whole file's reader reads there, parts.py says
+why), every analysis is `Analyzer.analyze` of the page, and the runner decides the items
+in input order as it does any batch (Deduplicator.check_batch, `analysed`). A body
 seen before in the same process is not analysed again (its analysis is copied): the
 calling thread skips exact copies of stored pages, and a worker should not do more.
 A worker that dies breaks the pool: the units it held are read again (here, or by new
@@ -32,6 +37,7 @@ processes), so no page is lost and none comes twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import mmap
 import os
@@ -51,7 +57,9 @@ from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.files import Input, plan_inputs
 from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range
-from stream_dedup.sources.warc import SourceStats, iter_archive
+from stream_dedup.sources.parts import Chain, Cut, PartEnd, plan_parts, read_part, read_rest
+from stream_dedup.sources.warc import ArchiveFormat, SourceStats, iter_archive
+from stream_dedup.verdicts import warc_digest
 
 if TYPE_CHECKING:
     from stream_dedup.analysis import AnalysisPool
@@ -59,9 +67,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stream_dedup.replay")
 
-# A plain JSONL file is cut into ranges of about this many bytes (at line ends): small
-# enough that the two ends of a replay meet within a fraction of a second, large enough
-# that a unit's fixed cost (a future, a pipe round trip, planning) stays small.
+# A plain JSONL file is cut into ranges of about this many bytes (at line ends), an archive
+# into parts of about as many (at records): small enough that the two ends of a replay
+# meet within a fraction of a second, large enough that a unit's fixed cost (a future, a
+# pipe round trip, planning) stays small.
 UNIT_BYTES = 1 << 20
 # Units planned ahead of the one due (submitted, done here, or waiting), at most so many
 # and so many bytes of input (at least one unit): their results wait in memory until
@@ -78,8 +87,8 @@ AHEAD_BYTES = 64 << 20
 QUEUED_PER_PROCESS = 6
 # ... and at most this many bytes of input per process (at least one unit): a unit's result
 # (its pages without bodies, their analyses: ~2-3 KB a page and 4 B a shingle) waits in this
-# process until decided, and an archive is one unit however large (a 1 GB WARC: ~100,000
-# pages).
+# process until decided, and an archive that is one gzip stream is one unit however large
+# (a 1 GB WARC: ~100,000 pages).
 QUEUED_BYTES_PER_PROCESS = 32 << 20
 # Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
 # so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
@@ -108,15 +117,19 @@ class Memo:
 
 @dataclass(frozen=True, slots=True)
 class Unit:
-    """A file, or the lines of a plain JSONL file starting in bytes [start, end)."""
+    """A file; the lines of a plain JSONL file starting in bytes [start, end); the records
+    of an archive starting there (parts.py); or an archive's rest, read in one piece."""
 
     path: Path
     name: str
-    kind: str  # "archive", "jsonl" (a whole file, gzipped or not) or "jsonl-range"
+    kind: str  # "archive", "jsonl" (a whole file), "jsonl-range", "archive-part", "archive-rest"
     start: int = 0
     end: int = 0
     first_line: int = 1
     size: int = 0  # bytes of input (what its result in memory grows with)
+    fmt: ArchiveFormat | None = None  # an archive part or rest
+    last: bool = False  # an archive part that reads to the end of the file
+    skip: int = 0  # an archive rest: records its reader drops (accepted in parts before)
 
 
 @dataclass(slots=True)
@@ -124,6 +137,7 @@ class UnitResult:
     items: list[Page | Rejected]
     analyses: list[Analysis | None]
     stats: SourceStats = field(default_factory=SourceStats)
+    end: PartEnd | None = None  # an archive part or rest: its records' ordinals, its end
 
 
 def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
@@ -131,11 +145,34 @@ def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
     """The inputs as units, in input order; an unreadable input as its Rejected (counted
     in `stats`, as FileSource counts it)."""
     for planned in plan_inputs(paths, stats):
-        if isinstance(planned, Rejected) or planned.kind == "archive":
-            yield planned if isinstance(planned, Rejected) else Unit(
-                planned.path, planned.name, "archive", size=_size(planned.path))
+        if isinstance(planned, Rejected):
+            yield planned
+        elif planned.kind == "archive":
+            yield from _archive_units(planned, stats, unit_bytes)
         else:
             yield from _jsonl_units(planned, unit_bytes)
+
+
+def _archive_units(planned: Input, stats: SourceStats, unit_bytes: int) -> Iterator[Unit]:
+    """An archive whole, or in parts of about `unit_bytes` (parts.py); a part that starts
+    the file does not count it (the file is counted here)."""
+    whole = Unit(planned.path, planned.name, "archive", size=_size(planned.path))
+    try:
+        fmt, cuts = plan_parts(planned.path, unit_bytes, stats.unsplit)
+        cut = next(cuts)
+    except (OSError, ValueError):
+        yield whole  # its reader says why
+        return
+    if fmt is None or cut.last:
+        yield whole
+        return
+    stats.files += 1
+    while True:
+        yield Unit(planned.path, planned.name, "archive-part", cut.start, cut.end,
+                   size=cut.end - cut.start, fmt=fmt, last=cut.last)
+        if cut.last:
+            return
+        cut = next(cuts)
 
 
 def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
@@ -178,8 +215,8 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
               tick: Callable[[], None] | None = None) -> UnitResult:
     """The unit's items (what FileSource reads there), each page's analysis, and the
     readers' counts. `tick` is called after each page."""
-    out = UnitResult([], [])
-    for item in _items(unit, out.stats):
+    out = UnitResult([], [], end=_part_end(unit))
+    for item in _items(unit, out.stats, out.end):
         if isinstance(item, Rejected):
             out.items.append(item)
             out.analyses.append(None)
@@ -192,9 +229,20 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
     return out
 
 
-def _items(unit: Unit, stats: SourceStats) -> Iterator[Page | Rejected]:
+def _part_end(unit: Unit) -> PartEnd | None:
+    return PartEnd() if unit.kind in ("archive-part", "archive-rest") else None
+
+
+def _items(unit: Unit, stats: SourceStats, end: PartEnd | None) -> Iterator[Page | Rejected]:
+    """The unit's items; an archive part's or rest's without sources (`end` gets their
+    ordinals in the file, counted from the unit's first record)."""
     if unit.kind == "archive":
         items = iter_archive(unit.path, stats, name=unit.name)
+    elif unit.kind in ("archive-part", "archive-rest"):
+        assert unit.fmt is not None and end is not None
+        items = (read_part(unit.path, unit.fmt, Cut(unit.start, unit.end, unit.last), stats,
+                           end) if unit.kind == "archive-part"
+                 else read_rest(unit.path, unit.fmt, unit.start, unit.skip, stats, end))
     elif unit.kind == "jsonl":
         items = iter_jsonl(unit.path, stats, name=unit.name)
     else:
@@ -238,27 +286,47 @@ class Packed:
     sketch_dtype: str
     sketch_width: int
     stats: SourceStats
+    end: PartEnd | None = None
 
 
 _MEMO = Memo()  # a worker process's
+_DIGESTS: OrderedDict[int, str] = OrderedDict()  # a worker process's, by raw fingerprint
+
+
+def _digest(fp: int, body: bytes) -> str:
+    """warc_digest(body), not computed again for a copy (5.6 % of a worker's time on a
+    WARC of 11 copies of the corpus's pages)."""
+    digest = _DIGESTS.get(fp)
+    if digest is None:
+        digest = _DIGESTS[fp] = warc_digest(body)
+        if len(_DIGESTS) > REMEMBERED:
+            _DIGESTS.popitem(last=False)
+    return digest
 
 
 def _worker_read(unit: Unit) -> Packed:
     """In a worker process: the unit read and analysed, packed."""
     analyzer = worker_analyzer()
     stats = SourceStats()
+    end = _part_end(unit)
     items: list[Rejected | tuple[Any, ...]] = []
     rows: list[Row | None] = []
     sketches: list[np.ndarray] = []
     features: list[np.ndarray] = []
-    for item in _items(unit, stats):
+    for item in _items(unit, stats, end):
         if isinstance(item, Rejected):
             items.append(item)
             rows.append(None)
             continue
-        items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
-                      item.position, len(item.body), item.payload_digest, item.revisit))
         row = _row(item, analyzer, _MEMO)
+        # The body stays here: the digest an unchanged page's decision reports (decide.py,
+        # computed from the body when the crawler gave none) goes with the page. 2.3 % of
+        # the analysis time of the corpus's pages (416 of 854 came without one).
+        digest = item.payload_digest
+        if digest is None and item.body and item.revisit is None:
+            digest = _digest(row[0], item.body)
+        items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
+                      item.position, len(item.body), digest, item.revisit))
         if row[4] is not None:  # in the buffers: marked True
             sketches.append(row[4])
             features.append(row[5])
@@ -267,26 +335,30 @@ def _worker_read(unit: Unit) -> Packed:
     sk = np.concatenate(sketches) if sketches else np.zeros(0, np.uint32)
     width = sketches[0].shape[0] if sketches else 0
     ft = np.concatenate(features) if features else np.zeros(0, np.uint64)
-    return Packed(items, rows, sk.tobytes(), ft.tobytes(), sk.dtype.str, width, stats)
+    return Packed(items, rows, sk.tobytes(), ft.tobytes(), sk.dtype.str, width, stats, end)
 
 
-def unpack(packed: Packed) -> UnitResult:
-    """A worker's result as items (pages without bodies) and their analyses."""
-    out = UnitResult([], [], packed.stats)
+def unpack(packed: Packed, sources: list[str] | None = None) -> UnitResult:
+    """A worker's result as items (pages without bodies) and their analyses; with
+    `sources`, each item's (an archive part's items come without)."""
+    out = UnitResult([], [], packed.stats, packed.end)
     sketches = np.frombuffer(packed.sketches, packed.sketch_dtype)
     features = np.frombuffer(packed.features, np.uint64)
     if packed.sketch_width:
         sketches = sketches.reshape(-1, packed.sketch_width)
         features = features.reshape(sketches.shape[0], -1)
     k = 0
-    for item, row in zip(packed.items, packed.rows, strict=True):
+    for i, (item, row) in enumerate(zip(packed.items, packed.rows, strict=True)):
         if row is None:
             assert isinstance(item, Rejected)
-            out.items.append(item)
+            out.items.append(item if sources is None
+                             else dataclasses.replace(item, source=sources[i]))
             out.analyses.append(None)
             continue
         assert isinstance(item, tuple)
         url, headers, fetched_at, status, source, position, size, digest, revisit = item
+        if sources is not None:
+            source = sources[i]
         page = Page(url, b"", headers, fetched_at, status, source, position, digest, revisit)
         raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s, tops = row
         if sk is True:
@@ -295,6 +367,25 @@ def unpack(packed: Packed) -> UnitResult:
         out.items.append(page)
         out.analyses.append(Analysis(page, raw_fp, canonical_fp, text_length, shingle_count,
                                      sk, ft, sig, error, c_s, s_s, size, tops))
+    return out
+
+
+def _with_sources(result: UnitResult, sources: list[str]) -> UnitResult:
+    """An archive part read here, each item with its source (its pages keep their bodies).
+    Built field by field: dataclasses.replace costs ~10 µs a page, twice."""
+    out = UnitResult([], [], result.stats, result.end)
+    for item, a, source in zip(result.items, result.analyses, sources, strict=True):
+        if isinstance(item, Rejected) or a is None:
+            out.items.append(dataclasses.replace(item, source=source))
+            out.analyses.append(None)
+            continue
+        page = Page(item.url, item.body, item.headers, item.fetched_at, item.status, source,
+                    item.position, item.payload_digest, item.revisit)
+        out.items.append(page)
+        out.analyses.append(Analysis(page, a.raw_fp, a.canonical_fp, a.text_length,
+                                     a.shingle_count, a.sketch, a.features, a.ld_signature,
+                                     a.error, a.canonical_s, a.sketch_s, a.body_bytes,
+                                     a.shingles))
     return out
 
 
@@ -308,6 +399,7 @@ def merge_stats(into: SourceStats, more: SourceStats) -> None:
     into.rejected.update(more.rejected)
     into.unreadable.extend(more.unreadable)
     into.repeated.extend(more.repeated)
+    into.unsplit.extend(more.unsplit)
 
 
 class _Stopped(Exception):
@@ -318,7 +410,7 @@ class _Stopped(Exception):
 class _Slot:
     unit: Unit | None  # None: `result` was ready when planned (an unreadable input)
     task: tuple[WorkerPool, Future[Packed]] | None = None
-    result: UnitResult | None = None
+    result: UnitResult | Packed | None = None  # a worker's is unpacked when due
     here: bool = False  # being read in this process
 
     @property
@@ -347,6 +439,7 @@ class UnitSource(PageRecords):
         self._lost_pools: list[WorkerPool] = []  # the broken executors already handled
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
+        self._chain: Chain | None = None  # of the archive whose parts are due
         self._memo = Memo()
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
@@ -439,7 +532,7 @@ class UnitSource(PageRecords):
                         spare.result = self._here(spare)
                         continue
                 try:
-                    head.result = unpack(executor.result(future, self._stopping))
+                    head.result = executor.result(future, self._stopping)
                     self.units_there += 1
                 except BrokenProcessPool:
                     self._lost(executor)
@@ -447,10 +540,53 @@ class UnitSource(PageRecords):
                 except TimeoutError:
                     raise _Stopped from None
             self._slots.popleft()
+            result = self._settled(head)
             self._plan_ahead()
             self._feed()
-            return head.result
+            if result is not None:
+                return result
         return None
+
+    def _settled(self, slot: _Slot) -> UnitResult | None:
+        """The due unit's result, its sources set; None for an archive part dropped
+        (parts.py Chain; what is read in its place or after it goes first in line)."""
+        unit, got = slot.unit, slot.result
+        assert got is not None
+        if unit is None or got.end is None:
+            return self._remembered(unpack(got)) if isinstance(got, Packed) else got
+        assert unit.fmt is not None
+        if self._chain is None or self._chain.path != unit.path:
+            self._chain = Chain(unit.path, unit.fmt)
+        settled = self._chain.settle(Cut(unit.start, unit.end, unit.last), got.end,
+                                     rest=unit.kind == "archive-rest")
+        if settled.rest is not None:
+            at, skip = settled.rest
+            self._slots.appendleft(_Slot(Unit(unit.path, unit.name, "archive-rest", at,
+                                              size=max(_size(unit.path) - at, 0),
+                                              fmt=unit.fmt, skip=skip)))
+        if settled.again is not None:
+            self._slots.appendleft(_Slot(dataclasses.replace(
+                unit, start=settled.again, size=unit.end - settled.again)))
+        if settled.base is None:
+            return None
+        sources = [f"{unit.name}#{settled.base + n}" for n in got.end.ordinals]
+        if isinstance(got, Packed):
+            return self._remembered(unpack(got, sources))
+        return _with_sources(got, sources)
+
+    def _remembered(self, result: UnitResult) -> UnitResult:
+        """A worker's result, its analyses also remembered here: a copy this thread reads
+        later is not analysed again (on a WARC of 11 copies of the corpus's pages, this
+        process analysed all 450 distinct bodies the worker had analysed)."""
+        rows = self._memo.rows
+        for item, a in zip(result.items, result.analyses, strict=True):
+            if a is not None and a.raw_fp not in rows and isinstance(item, Page) \
+                    and item.revisit is None:
+                self._memo.put(a.raw_fp, (a.raw_fp, a.canonical_fp, a.text_length,
+                                          a.shingle_count, a.sketch, a.features,
+                                          a.ld_signature, a.error, a.canonical_s, a.sketch_s,
+                                          a.shingles))
+        return result
 
     def _here(self, slot: _Slot) -> UnitResult:
         assert slot.unit is not None
@@ -482,7 +618,7 @@ class UnitSource(PageRecords):
             if slot.task is not None and slot.task[0] is executor and slot.result is None:
                 future = slot.task[1]
                 if future.done() and not future.cancelled() and future.exception() is None:
-                    slot.result = unpack(future.result())
+                    slot.result = future.result()
                     self.units_there += 1
                 else:
                     slot.task = None

@@ -69,6 +69,8 @@ class SourceStats:
     rejected: Counter[str] = field(default_factory=Counter)  # Rejected kind
     unreadable: list[str] = field(default_factory=list)  # "path: why", a file or its rest
     repeated: list[str] = field(default_factory=list)  # inputs given again, not read again
+    # big archives one process had to read whole, being one gzip stream (sources/parts.py)
+    unsplit: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {k: dict(v) if isinstance(v, Counter) else v for k, v in vars(self).items()}
@@ -135,12 +137,21 @@ def iter_archive(
         yield _unreadable(stats, msg, f"{name}#0")
         return
     items = _warc_items(path) if fmt == "warc" else _lenient_items(path, "arc")
+    yield from convert_records(items, stats, path, name)
+
+
+def convert_records(items: Iterator[_Frame | Rejected], stats: SourceStats, path: Path,
+                    name: str | None, ordinals: list[int] | None = None,
+                    ) -> Iterator[Page | Rejected]:
+    """The records of a reader as Pages and Rejects (a skipped record gives nothing), each
+    record counted with its 0-based ordinal n: `source` is f"{name}#{n}"; with `name` None
+    it is None and each item's n is appended to `ordinals` (a part of a file numbers its
+    records from 0, and the replay renumbers them; sources/parts.py)."""
     ordinal = 0
     try:
         for item in items:
             stats.records += 1
-            source = f"{name}#{ordinal}"
-            ordinal += 1
+            source = None if name is None else f"{name}#{ordinal}"
             if isinstance(item, _Frame):
                 out = _convert(item, stats, source)
             else:
@@ -148,17 +159,23 @@ def iter_archive(
             if isinstance(out, Rejected):
                 stats.rejected[out.kind] += 1
             if out is not None:
+                if ordinals is not None:
+                    ordinals.append(ordinal)
                 yield out
+            ordinal += 1
     except OSError as exc:  # the disk, not the data
-        yield _unreadable(stats, f"read error in {path}: {exc}", f"{name}#{ordinal}")
+        if ordinals is not None:
+            ordinals.append(ordinal)
+        yield _unreadable(stats, f"read error in {path}: {exc}",
+                          None if name is None else f"{name}#{ordinal}")
 
 
-def _unreadable(stats: SourceStats, message: str, source: str) -> Rejected:
+def _unreadable(stats: SourceStats, message: str, source: str | None) -> Rejected:
     stats.rejected["unreadable-file"] += 1
     return Rejected(url=None, kind="unreadable-file", message=message, source=source)
 
 
-def _convert(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected | None:
+def _convert(frame: _Frame, stats: SourceStats, source: str | None) -> Page | Rejected | None:
     """A frame becomes a Page, a Rejected, or None (skipped and counted).
 
     A truncated record of any type is reported: it means the file was cut short.
@@ -208,7 +225,7 @@ def _convert(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected 
 _REVISIT_PROFILES = ("identical-payload-digest", "server-not-modified")
 
 
-def _revisit(frame: _Frame, stats: SourceStats, source: str) -> Page | Rejected | None:
+def _revisit(frame: _Frame, stats: SourceStats, source: str | None) -> Page | Rejected | None:
     """A revisit record of a profile that says "the payload has not changed" becomes a
     Page without a body (decided against the version it refers to); other profiles are
     skipped."""
@@ -316,12 +333,15 @@ class _Gunzip(io.RawIOBase):
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
+        self._read_to = raw.tell()  # the file offset just past what `_in` holds
         self._decoder: zlib._Decompress | None = None
         self._in = b""
         self._out = memoryview(b"")
         self._produced = 0
         self._eof = False
         self.damage: list[tuple[int, str, str]] = []
+        # (offset in the decompressed stream, file offset) of each member started
+        self.members: list[tuple[int, int]] = []
 
     def readable(self) -> bool:
         return True
@@ -337,6 +357,7 @@ class _Gunzip(io.RawIOBase):
     def _more(self) -> bool:
         data = self._raw.read(_CHUNK)
         self._in += data
+        self._read_to += len(data)
         return bool(data)
 
     def _step(self) -> None:
@@ -356,6 +377,7 @@ class _Gunzip(io.RawIOBase):
                 self._skip("bytes between gzip members that are not gzip data")
                 return
             self._decoder = zlib.decompressobj(31)
+            self.members.append((self._produced, self._read_to - len(self._in)))
         try:
             self._emit(self._decoder.decompress(self._in, _CHUNK * 16))
         except zlib.error as exc:
@@ -415,17 +437,22 @@ class _Cursor:
 
 
 def _lenient_items(
-    path: Path, fmt: ArchiveFormat, offset: int = 0, skip: int = 0
+    path: Path, fmt: ArchiveFormat, offset: int = 0, skip: int = 0,
+    members: list[tuple[int, int]] | None = None,
 ) -> Iterator[_Frame | Rejected]:
     """Frames of the file from `offset` (a record start), the first `skip` records dropped.
 
     Gzip damage is matched to records by offset: damage inside a record rejects it, damage
-    between records is reported on its own.
+    between records is reported on its own. `members` (gzip only) is filled with where each
+    gzip member starts: (offset in the decompressed stream, file offset).
     """
     with open(path, "rb") as raw:
         raw.seek(offset)
-        gunzip = _Gunzip(raw) if raw.read(2) == _GZIP_MAGIC[:2] else None
+        gzipped = raw.read(2) == _GZIP_MAGIC[:2]
         raw.seek(offset)
+        gunzip = _Gunzip(raw) if gzipped else None
+        if gunzip is not None and members is not None:
+            gunzip.members = members
         stream = io.BufferedReader(gunzip, _CHUNK) if gunzip else raw
         damage = gunzip.damage if gunzip else []
         where = f"of the data gunzipped from file byte {offset}" if gunzip else "in the file"

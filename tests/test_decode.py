@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_dedup.core.decode import decode_html, detect_charset, lookup_label
+from stream_dedup.core.decode import decode_html, decode_html_utf8, detect_charset, lookup_label
 
 RUSSIAN = (
     "Москва - столица России, город федерального значения, административный центр "
@@ -287,3 +287,36 @@ def test_any_bytes_never_raise(body: bytes, content_type: str | None) -> None:
 @given(st.text().filter(lambda s: not s.startswith("\ufeff") and "\x1b" not in s))
 def test_undeclared_utf8_round_trips(text: str) -> None:
     assert decode_html(text.encode("utf-8"), None) == text
+
+
+utf8_bodies = st.one_of(
+    bodies,
+    st.text(max_size=300).map(lambda t: t.encode("utf-8")),
+    st.text(min_size=1, max_size=100).map(lambda t: t.encode("utf-8")[:-1]),  # cut mid-char
+    st.text(max_size=100).map(lambda t: t.encode("utf-8") + b"\xef\xbf\xbd"),  # U+FFFD spelt
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=utf8_bodies, content_type=content_types)
+def test_utf8_passthrough_is_the_texts_utf8(body: bytes, content_type: str | None) -> None:
+    # The parser is given these bytes instead of the text: they must be exactly its UTF-8.
+    text, utf8 = decode_html_utf8(body, content_type)
+    assert text == decode_html(body, content_type)
+    assert utf8 is None or utf8 == text.encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "passed"),
+    [
+        (b"<p>plain</p>", "text/html; charset=iso-8859-1", True),  # ASCII: any such charset
+        ("<p>caf\u00e9</p>".encode(), None, True),
+        ("<p>caf\u00e9</p>".encode()[:-5], None, False),  # cut inside the last character
+        (b"<p>caf\xe9</p>", "text/html; charset=windows-1252", False),  # a new encoding
+        (codecs.BOM_UTF8 + b"<p>x</p>", None, False),  # the BOM is not text
+        ("<p>caf\u00e9 \ufffd</p>".encode(), None, True),  # U+FFFD in the page itself
+        (b"<p>a\xff\xfe b</p>" + "\u00e9".encode() * 20, None, False),  # lossy: bytes replaced
+    ],
+)
+def test_utf8_passthrough_cases(body: bytes, content_type: str | None, passed: bool) -> None:
+    assert (decode_html_utf8(body, content_type)[1] is not None) == passed

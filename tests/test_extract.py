@@ -322,3 +322,13 @@ def test_depth_scan_in_c_agrees_with_the_python_rule(pieces: list[str], min_tags
         assert compiled == extract._too_deep(html), html
     finally:
         extract._TAG_COUNT_CHECK, extract._MAX_DEPTH, extract._native = saved
+
+
+@pytest.mark.parametrize("html", [
+    "<p>caf\u00e9 <b>cr\u00e8me</b></p><script>x</script>",
+    "<html><body><td>\u4e2d\u6587</td><td>\U0001f600 text</td></body></html>",
+    "<frameset><noframes><p>\u00fcber</p></noframes></frameset>",
+    "<div>" * 3 + "\u00e9" * 40_000 + "</div>" * 3,
+])
+def test_utf8_given_gives_the_same_text(html: str) -> None:
+    assert visible_text(html, utf8=html.encode()) == visible_text(html)

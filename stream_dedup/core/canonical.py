@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from . import extract, tokens
-from .decode import decode_html
+from .decode import decode_html_utf8
 from .extract import visible_text
 from .tokens import Tokens, tokenize
 
 
 def canonicalize(body: bytes, content_type: str | None, *, boilerplate: bool) -> Tokens:
     """Decode the charset, keep the visible text, normalize and tokenize it."""
-    html = decode_html(body, content_type)
-    return tokenize(visible_text(html, boilerplate=boilerplate, collapse=False))
+    html, utf8 = decode_html_utf8(body, content_type)
+    return tokenize(visible_text(html, boilerplate=boilerplate, collapse=False, utf8=utf8))
 
 
 def kernels() -> str:

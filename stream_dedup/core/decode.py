@@ -27,7 +27,7 @@ from __future__ import annotations
 import codecs
 import re
 
-__all__ = ["decode_html", "detect_charset", "lookup_label"]
+__all__ = ["decode_html", "decode_html_utf8", "detect_charset", "lookup_label"]
 
 # Python codec -> WHATWG labels (https://encoding.spec.whatwg.org/#names-and-labels), plus the
 # Python names themselves so that charset-normalizer's answers go through the same table.
@@ -142,6 +142,11 @@ def _strict(body: bytes, codec: str) -> str | None:
     Crawlers truncate bodies at a size limit, which routinely splits the last character;
     that must not demote a valid UTF-8 page to statistical detection.
     """
+    if codec == "utf-8":  # the common case: one call, no incremental decoder
+        try:
+            return body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
     decoder = codecs.getincrementaldecoder(codec)("strict")
     try:
         text = decoder.decode(body, final=False)
@@ -221,11 +226,12 @@ def _detect(body: bytes) -> str | None:
     return lookup_label(best.encoding)
 
 
-def _decide(body: bytes, content_type: str | None) -> tuple[str, str, str]:
-    """(codec, how, text): the decision and the text it produced, so nothing decodes twice."""
+def _decide(body: bytes, content_type: str | None) -> tuple[str, str, str, bool]:
+    """(codec, how, text, exact): the decision and the text it produced, so nothing decodes
+    twice; `exact` when the body is the text's UTF-8 (`decode_html_utf8`)."""
     for bom, bom_codec in _BOMS:
         if body.startswith(bom):
-            return bom_codec, "bom", body[len(bom) :].decode(bom_codec, "replace")
+            return bom_codec, "bom", body[len(bom) :].decode(bom_codec, "replace"), False
     codec: str | None = _header_codec(content_type)
     how = "header"
     if codec is not None and codec.startswith("utf-16") and b"\x00" not in body[:_PRESCAN_BYTES]:
@@ -235,33 +241,38 @@ def _decide(body: bytes, content_type: str | None) -> tuple[str, str, str]:
     if body.isascii() and codec not in _NOT_ASCII_COMPATIBLE:
         # The common case: every ASCII-compatible charset gives the same text.
         if codec is not None:
-            return codec, how, body.decode("ascii")
+            return codec, how, body.decode("ascii"), True
         if b"\x1b$" in body:  # ISO-2022-JP escape sequences, the only 7-bit charset still seen
             text = _strict(body, "iso2022_jp")
             if text is not None:
-                return "iso2022_jp", "detected", text
-        return "utf-8", "utf-8", body.decode("ascii")
+                return "iso2022_jp", "detected", text, False
+        return "utf-8", "utf-8", body.decode("ascii"), True
     if codec is not None:
         text = _strict(body, codec)
         if codec != "utf-8" and (text is None or codec not in _MULTIBYTE):
             utf8 = _strict(body, "utf-8")
             if utf8 is not None:
-                return "utf-8", "mislabeled", utf8
+                return "utf-8", "mislabeled", utf8, _whole(utf8, body)
         if text is None:
-            text = body.decode(codec, "replace")
-        return codec, how, text
+            return codec, how, body.decode(codec, "replace"), False
+        return codec, how, text, codec == "utf-8" and _whole(text, body)
     text = _strict(body, "utf-8")
     if text is not None:
-        return "utf-8", "utf-8", text
+        return "utf-8", "utf-8", text, _whole(text, body)
     text = body.decode("utf-8", "replace")
     errors = text.count("\ufffd")
     valid = len(text) - len(text.encode("ascii", "ignore")) - errors  # non-ASCII characters
     if valid >= _MOSTLY * errors:  # UTF-8 with a few bad bytes; legacy text is never that
-        return "utf-8", "utf-8-lossy", text
+        return "utf-8", "utf-8-lossy", text, False
     codec = _detect(body)
     if codec is not None:
-        return codec, "detected", body.decode(codec, "replace")
-    return "cp1252", "default", body.decode("cp1252", "replace")
+        return codec, "detected", body.decode(codec, "replace"), False
+    return "cp1252", "default", body.decode("cp1252", "replace"), False
+
+
+def _whole(text: str, body: bytes) -> bool:
+    """Whether `_strict`'s UTF-8 text is the whole body (no U+FFFD for a cut last character)."""
+    return not text.endswith("\ufffd") or body.endswith(b"\xef\xbf\xbd")
 
 
 def detect_charset(body: bytes, content_type: str | None) -> tuple[str, str]:
@@ -273,10 +284,20 @@ def detect_charset(body: bytes, content_type: str | None) -> tuple[str, str]:
     ``detected`` (charset-normalizer, or ISO-2022-JP escapes) or ``default`` (cp1252).
     Cost: this decodes the body; call ``decode_html`` if you also need the text.
     """
-    codec, how, _ = _decide(bytes(body), content_type)
+    codec, how, _, _ = _decide(bytes(body), content_type)
     return codec, how
 
 
 def decode_html(body: bytes, content_type: str | None) -> str:
     """Unicode text of an HTML body. Never raises: bad bytes become U+FFFD."""
     return _decide(bytes(body), content_type)[2]
+
+
+def decode_html_utf8(body: bytes, content_type: str | None) -> tuple[str, bytes | None]:
+    """`decode_html`, and the body itself when it is exactly the text's UTF-8 (else None),
+    so that a parser reading UTF-8 (lexbor) can take the bytes as they are instead of a new
+    encoding of the text: an ASCII body in an ASCII-compatible charset, or a body decoded
+    strictly as UTF-8, whole and without a byte order mark."""
+    body = bytes(body)
+    _, _, text, exact = _decide(body, content_type)
+    return text, body if exact else None

@@ -137,11 +137,14 @@ _BREAKING_TAG = re.compile(rf"</?(?:{'|'.join(_BREAKING)})\b[^>]*>", re.IGNORECA
 _ANY_TAG = re.compile(r"<[^>]*>")
 
 
-def visible_text(html: str, *, boilerplate: bool = False, collapse: bool = True) -> str:
+def visible_text(html: str, *, boilerplate: bool = False, collapse: bool = True,
+                 utf8: bytes | None = None) -> str:
     """The words a reader sees on the page, separated by single spaces.
 
     ``collapse=False`` leaves white space as the page has it (a run of white space may stand
-    where one space would): tokenizing treats both alike and skips the copy.
+    where one space would): tokenizing treats both alike and skips the copy. ``utf8``, when
+    given, must be exactly ``html`` in UTF-8 (`decode.decode_html_utf8` says when the page's
+    body is): the parser then reads it as it is, not a new encoding of ``html``.
 
     Robust to any string (broken markup, no body, frameset, lone surrogates, deep nesting);
     returns "" when there is no visible text. With ``boilerplate=True`` a page that is all
@@ -151,13 +154,13 @@ def visible_text(html: str, *, boilerplate: bool = False, collapse: bool = True)
     """
     if not html or html.isspace():
         return ""
-    if _too_deep(html):
+    if _too_deep(html, checked=utf8 is not None):
         return _regex_text(html)
-    text = _extract(html, boilerplate, allow_noframes=True)
+    text = _extract(utf8 if utf8 is not None else html, boilerplate, allow_noframes=True)
     return " ".join(text.split()) if collapse else text
 
 
-def _extract(html: str, boilerplate: bool, *, allow_noframes: bool) -> str:
+def _extract(html: str | bytes, boilerplate: bool, *, allow_noframes: bool) -> str:
     tree = _parse(html)
     if tree.body is None:  # frameset: what a browser without frames shows
         if not allow_noframes:
@@ -192,13 +195,14 @@ def _walk(body: LexborNode, drop: frozenset[int], separate: frozenset[int]) -> N
             node.insert_after(" ")
 
 
-def _parse(html: str) -> LexborHTMLParser:
+def _parse(html: str | bytes) -> LexborHTMLParser:
     """Parse as a browser that runs scripts would: <noscript> is then one raw text node (not
     markup that closes <head> early and spills into the body). Without mutation events, which
     we do not need, and which would copy the selected <option> into <selectedcontent>."""
     try:
         return LexborHTMLParser(html, options=_OPTIONS, scripting=True)
     except UnicodeError:  # lone surrogates from a careless caller
+        assert isinstance(html, str)
         return LexborHTMLParser(html.encode("utf-8", "replace"), options=_OPTIONS, scripting=True)
 
 
@@ -275,12 +279,13 @@ def _in_section(node: LexborNode) -> bool:
     return False
 
 
-def _too_deep(html: str) -> bool:
+def _too_deep(html: str, *, checked: bool = False) -> bool:
     """True if the page could nest elements so deeply that lexbor would take seconds to parse
-    it (see `nesting`). Only pages with many tags can be slow, so only they pay for the scan."""
+    it (see `nesting`). Only pages with many tags can be slow, so only they pay for the scan.
+    `checked`: the text is known to hold no lone surrogate (it was decoded from bytes)."""
     if len(html) < 3 * _TAG_COUNT_CHECK:  # a start tag takes 3 characters at least: "<a>"
         return False
-    if not html.isascii():
+    if not checked and not html.isascii():
         try:
             html.encode()
         except UnicodeEncodeError:  # selectolax drops lone surrogates: so must the model

@@ -449,7 +449,13 @@ class UnitSource(PageRecords):
         self.restarts = 0
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
-        items, analyses = await asyncio.to_thread(self._take, max_records, stop)
+        try:
+            items, analyses = await asyncio.to_thread(self._take, max_records, stop)
+        except asyncio.CancelledError:
+            # Ctrl-C: asyncio.run cancels the run and then waits for this thread, which
+            # would otherwise read on to the end of the input.
+            stop.set()
+            raise
         return Batch(items, analyses=analyses) if items else None
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:

@@ -23,7 +23,6 @@ responses again and again, bodies exact copies from the second round) and `big-d
 
     python bench/onecore.py                       # 5 rounds, both files, core 0
     python bench/onecore.py --before CHECKOUT     # the same, and that checkout's replay
-    python bench/onecore.py --profile big-distinct   # where ours spends its time (cProfile)
 """
 
 from __future__ import annotations
@@ -80,22 +79,6 @@ def ceiling_cmd(path: Path) -> list[str]:
     return [sys.executable, "-c", CEILING, str(path)]
 
 
-def profile(path: Path, code: Path) -> None:
-    import cProfile
-    import pstats
-
-    sys.path.insert(0, str(code))
-    from stream_dedup.config import Settings
-    from stream_dedup.replay import replay
-    from stream_dedup.sinks import JsonlSink
-
-    prof = cProfile.Profile()
-    prof.enable()
-    replay([path], JsonlSink(os.devnull), Settings(), workers=1)
-    prof.disable()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(25)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=5)
@@ -105,17 +88,13 @@ def main() -> None:
     ap.add_argument("--code", type=Path, default=REPO, help="checkout whose replay runs")
     ap.add_argument("--before", type=Path, metavar="CHECKOUT",
                     help="also run this checkout's replay (its C extension built), alternated")
-    ap.add_argument("--profile", metavar="INPUT", help="cProfile ours on one input instead")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
-        for name in (args.profile or args.inputs).split(","):
+        for name in args.inputs.split(","):
             files[name] = Path(tmp) / f"{name}.warc.gz"
             bigwarc.write(files[name], int(args.mb * 1e6), distinct=name == "big-distinct")
-        if args.profile:
-            profile(files[args.profile], args.code)
-            return
         print(header("One core: replay --workers 1 against FastWARC + selectolax text"))
         start = [child_cpu([sys.executable, "-c", "pass"], args.cpu, args.code)[0]
                  for _ in range(3)]

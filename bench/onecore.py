@@ -47,7 +47,7 @@ from selectolax.lexbor import LexborHTMLParser
 pages = chars = 0
 with open(sys.argv[1], "rb") as fh:
     for record in ArchiveIterator(fh, record_types=WarcRecordType.response, parse_http=True,
-                                  auto_decode="content"):
+                                  auto_decode=sys.argv[2]):
         body = record.reader.read()
         tree = LexborHTMLParser(body)
         chars += len(tree.body.text() if tree.body is not None else "")
@@ -75,8 +75,8 @@ def ours_cmd(path: Path) -> list[str]:
             "-o", os.devnull, "-q"]
 
 
-def ceiling_cmd(path: Path) -> list[str]:
-    return [sys.executable, "-c", CEILING, str(path)]
+def ceiling_cmd(path: Path, decode: str) -> list[str]:
+    return [sys.executable, "-c", CEILING, str(path), decode]
 
 
 def main() -> None:
@@ -86,6 +86,8 @@ def main() -> None:
     ap.add_argument("--mb", type=float, default=62, help="size of the built WARC files")
     ap.add_argument("--cpu", type=int, default=0, help="the core both sides are pinned to")
     ap.add_argument("--code", type=Path, default=REPO, help="checkout whose replay runs")
+    ap.add_argument("--ceiling-decode", choices=("content", "none"), default="content",
+                    help="FastWARC's auto_decode in the ceiling (none: bodies left gzipped)")
     ap.add_argument("--before", type=Path, metavar="CHECKOUT",
                     help="also run this checkout's replay (its C extension built), alternated")
     args = ap.parse_args()
@@ -101,13 +103,14 @@ def main() -> None:
         codes = {"ours": args.code} | ({"before": args.before} if args.before else {})
         rows = []
         for name, path in files.items():
-            child_cpu(ceiling_cmd(path), args.cpu, args.code)  # untimed: bytecode, caches
+            child_cpu(ceiling_cmd(path, args.ceiling_decode), args.cpu, args.code)  # untimed
             for code in codes.values():
                 child_cpu(ours_cmd(path), args.cpu, code)
             cpu: dict[str, list[float]] = {k: [] for k in ("ceiling", *codes)}
             wall: dict[str, list[float]] = {k: [] for k in cpu}
             for _ in range(args.rounds):
-                c, w, out = child_cpu(ceiling_cmd(path), args.cpu, args.code)
+                c, w, out = child_cpu(ceiling_cmd(path, args.ceiling_decode), args.cpu,
+                                      args.code)
                 cpu["ceiling"].append(c)
                 wall["ceiling"].append(w)
                 for label, code in codes.items():

@@ -187,7 +187,7 @@ class Service:
             if NOTE.search(line):
                 line = re.sub(r"^\S+ \S+ ", "", line)
                 line = re.sub(r"r\d+-[\w-]+?-(pages|decisions|kept|dead|group)",
-                              r"<\2>", line)
+                              r"<\1>", line)
                 out.append(re.sub(r"\b\d+\b", "N", line)[:220])
         return out
 

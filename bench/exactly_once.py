@@ -265,7 +265,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             rows.append([mode, spread([r.first_s for r in rs], "{:.2f}"),
                          spread([r.rate for r in rs]), spread([r.steady for r in rs]),
                          spread([r.counts["batches"] for r in rs]),
-                         spread([r.pages / r.counts["batches"] for r in rs]),
+                         spread([r.pages / r.counts["batches"] for r in rs if r.counts["batches"]]),
                          *cpu_cells(rs), sum(r.starts_over for r in rs),
                          sum(r.duplicates for r in rs)])
         print(f"### Throughput: a backlog of {args.backlog} pages, {args.partitions} input "
@@ -304,7 +304,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             rs = of(mode, test)
             rows.append([mode, spread([r.offered for r in rs]),
                          spread([r.counts["batches"] / r.seconds for r in rs], "{:.1f}"),
-                         spread([r.pages / r.counts["batches"] for r in rs], "{:.1f}"),
+                         spread([r.pages / r.counts["batches"] for r in rs if r.counts["batches"]],
+                                "{:.1f}"),
                          spread([1000 * r.counts["commit_s"] / r.counts["commits"]
                                  for r in rs if r.counts["commits"]], "{:.1f}"),
                          f"{sum(r.counts['committed'] for r in rs):.0f} / "

@@ -69,7 +69,13 @@ def _members(data: bytes) -> Iterator[tuple[int, bytes]]:
 
 
 def _rotated(text: bytes, n: int) -> bytes:
-    table = bytes.maketrans(_LOWER + _UPPER, _LOWER[n:] + _LOWER[:n] + _UPPER[n:] + _UPPER[:n])
+    return lettered(text, _LOWER[n:] + _LOWER[:n])
+
+
+def lettered(text: bytes, lower: bytes) -> bytes:
+    """`text` with the ASCII letters between tags replaced: a-z by `lower` (26 letters),
+    A-Z by the same letters upper-cased; tags, lengths and the rest unchanged."""
+    table = bytes.maketrans(_LOWER + _UPPER, lower + lower.upper())
     return _TEXT.sub(lambda m: b">" + m[1].translate(table) + b"<", text)
 
 

@@ -108,6 +108,23 @@ def make_producer(s: Settings, failed: Callable[[], None],
     return producer
 
 
+def send_now(producer: AIOKafkaProducer) -> None:
+    """Hand every record batch the producer holds to its sender at once, not after
+    linger_ms: for a caller that has sent all it has and now waits for the acks (a runner
+    batch's outputs), nothing more would join them meanwhile, so the linger would only add
+    itself to every batch's delivery. (What aiokafka's `flush_for_commit` does for a
+    transaction's batches, without waiting for them.) A producer without aiokafka's
+    accumulator (a test's stand-in) holds nothing back."""
+    accumulator = getattr(producer, "_message_accumulator", None)
+    if accumulator is None:
+        return
+    for batches in accumulator._batches.values():
+        for batch in batches:
+            batch._builder.close()  # no more records in it: ready, whatever its age
+    if not accumulator._waiter_future.done():
+        accumulator._waiter_future.set_result(None)  # the sender looks again now
+
+
 async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float) -> None:
     """Close a client, giving up after `seconds`: with the broker down, a producer's stop
     waits for acknowledgements that cannot come (what was not acknowledged was not

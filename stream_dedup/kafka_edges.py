@@ -16,7 +16,9 @@ KafkaSource
 KafkaSink
 - sends one decision per record (key = URL), the original to the kept topic for keeps, the
   original bytes and the error to the dead-letter topic for rejects, each within the size its
-  topic accepts (sinks/kafka.py), and waits for every acknowledgement;
+  topic accepts (sinks/kafka.py), hands them to the producer's sender at once (the batch's
+  last messages would otherwise wait out linger_ms: kafka_client.send_now), and waits for
+  every acknowledgement;
 - sends again only what failed with a retriable error, with backoff; a message refused as
   too large goes again at its floor (a new producer first); anything else stops the service
   with a KafkaDeliveryError that names it.
@@ -48,7 +50,7 @@ from .config import Settings
 from .edges import Batch
 from .errors import KafkaDeliveryError
 from .index.base import FeatureIndex
-from .kafka_client import MAX_BACKOFF_S, Limits, is_retriable, retry, stop_within
+from .kafka_client import MAX_BACKOFF_S, Limits, is_retriable, retry, send_now, stop_within
 from .metrics import Metrics
 from .models import Decision, Page, Rejected, position_id
 from .runner import STOP_GRACE_S, Abandoned, pause
@@ -325,6 +327,7 @@ class KafkaSink:
                 failed += [(later, exc) for later in messages[i:]]
                 break
             queued.append((msg, ack))
+        send_now(self.producer)
         results = await asyncio.gather(*(ack for _, ack in queued), return_exceptions=True)
         failed += [(msg, r) for (msg, _), r in zip(queued, results, strict=True)
                    if isinstance(r, BaseException)]

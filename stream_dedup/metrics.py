@@ -144,6 +144,12 @@ class Metrics:
         for op in REDIS_OPERATIONS:  # zero without a Redis index: dashboards stay whole
             self.redis_seconds.labels(op)
             self.redis_errors.labels(op)
+        self.batch_step = Histogram("stream_dedup_batch_step_seconds", "Seconds a batch "
+                                    "spent in each step of the runner: decide (records to "
+                                    "decisions), deliver (outputs sent and acknowledged; "
+                                    "--exactly-once: the transaction), index-commit, "
+                                    "source-commit (the input offsets)", ["step"],
+                                    buckets=COMMIT_BUCKETS, registry=r)
         self.commit_seconds = Histogram("stream_dedup_kafka_commit_seconds", "Seconds to commit "
                                         "a batch's offsets (retries included)",
                                         buckets=COMMIT_BUCKETS, registry=r)

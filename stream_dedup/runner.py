@@ -62,6 +62,7 @@ EXPIRY_EVERY_S = 60.0
 STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
 INDEX_BACKOFF_S = (0.1, 5.0)  # first and longest wait before asking an unavailable index again
 INDEX_WARN_EVERY_S = 30.0
+STEPS = ("decide", "deliver", "index-commit", "source-commit")  # of a batch, in order
 T = TypeVar("T")
 
 
@@ -165,24 +166,31 @@ class Runner:
 
     async def process(self, batch: Batch, stop: asyncio.Event) -> None:
         number = self.stats.batches + 1
+        laps = [time.perf_counter()]  # the steps' ends (stream_dedup_batch_step_seconds)
         try:
             items, decisions = await self._index("decide", lambda: self._decide(batch), stop)
+            laps.append(time.perf_counter())
             self.faults.at("before-deliver", number)
             await within_grace(self.sink.deliver(batch, items, decisions, stop), stop)
             delivered = time.time()
+            laps.append(time.perf_counter())
             self.faults.at("before-index-commit", number)
             # The index (its pages and these positions, atomically) before the source's
             # commit: after a crash between the two, the source resumes at the index's.
             await self._index("commit", lambda: self.dedup.commit(batch.positions or None),
                               stop)
+            laps.append(time.perf_counter())
             self.faults.at("before-source-commit", number)
             await within_grace(self.source.commit(batch, stop), stop)
+            laps.append(time.perf_counter())
         except Abandoned as exc:
             log.warning("stopping (%s): a batch of %d records is not committed and will be "
                         "delivered again", exc, len(batch.records))
             self.stats.abandoned += len(batch.records)
             return
         m = self.metrics
+        for step, start, end in zip(STEPS, laps[:-1], laps[1:], strict=True):
+            m.batch_step.labels(step).observe(end - start)
         m.decided(items, batch.received, delivered, since_fetch=self.source.live)
         m.progress()
         self.stats.batches += 1

@@ -51,7 +51,7 @@ from .config import Settings
 from .edges import Batch, Faults
 from .errors import StreamDedupError
 from .index.base import LocalIndex
-from .kafka_client import consumer_kwargs, make_producer, retry, stop_within
+from .kafka_client import consumer_kwargs, make_producer, retry, send_now, stop_within
 from .kafka_edges import KafkaSink, KafkaSource, _batch, _FinishBeforeRevoke, _names
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
@@ -217,6 +217,7 @@ class TransactionalSink(KafkaSink):
             logs = [await producer.send(self.changelog.topic, value, key=key,
                                         headers=list(headers), partition=0)
                     for key, value, headers in changes]
+            send_now(producer)
             results = await asyncio.gather(*acks, *logs, return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:  # every send's outcome read (none left to log "never retrieved")

@@ -32,7 +32,7 @@ from stream_dedup.index import MemoryIndex
 from stream_dedup.kafka_edges import KafkaSink, KafkaSource
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision
-from stream_dedup.runner import Runner
+from stream_dedup.runner import STEPS, Runner
 
 
 class FakeConsumer:
@@ -235,6 +235,19 @@ async def run_list(settings: Settings, source: ListSource, sink: ListSink,
     finally:
         dedup.index.close()  # without a commit: what a crash leaves on disk
     return runner
+
+
+def test_every_batch_times_each_of_its_steps() -> None:
+    """stream_dedup_batch_step_seconds: one observation a step for every batch committed."""
+    settings = Settings(batch_size=12)
+    metrics = Metrics(settings, process=False)
+    runner = Runner(settings, Deduplicator(settings), ListSource(page_streams(15)), ListSink(),
+                    metrics=metrics)
+    asyncio.run(runner.run(asyncio.Event()))
+    assert runner.stats.batches == 3  # 30 pages
+    for step in STEPS:
+        assert metrics.registry.get_sample_value("stream_dedup_batch_step_seconds_count",
+                                                 {"step": step}) == 3
 
 
 REPEATED = {  # decisions of the crashed batch (the second, of 12 records) out before the crash

@@ -21,6 +21,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from opskit import wait_for
 
+from stream_dedup.config import Settings
+from stream_dedup.kafka_client import make_producer, send_now
 from stream_dedup.sample import SamplePage, build
 
 pytestmark = pytest.mark.kafka
@@ -146,6 +148,31 @@ async def _partitions(consumer: AIOKafkaConsumer, topic: str) -> list[TopicParti
 
 
 # --- tests -------------------------------------------------------------------------------
+def test_send_now_sends_without_waiting_for_the_linger(kafka_bootstrap: str) -> None:
+    """The sink sends a batch's outputs, then waits for their acks: send_now hands them to
+    the producer's sender at once. With a linger of 60 s the acks still come within 10 s,
+    and what is sent after it (into a new record batch) goes too."""
+    topic = names("linger")["input"]
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+
+    async def go() -> list[int]:
+        producer = make_producer(Settings(bootstrap_servers=kafka_bootstrap), lambda: None,
+                                 linger_ms=60_000)
+        await producer.start()
+        try:
+            offsets = []
+            for batch in ([b"a", b"b", b"c"], [b"d"]):
+                acks = [await producer.send(topic, value) for value in batch]
+                send_now(producer)
+                metas = await asyncio.wait_for(asyncio.gather(*acks), 10.0)
+                offsets += [m.offset for m in metas]
+            return offsets
+        finally:
+            await producer.stop()
+
+    assert asyncio.run(go()) == [0, 1, 2, 3]
+
+
 def test_pages_in_decisions_out(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]
     t = names()
     create_topics(kafka_bootstrap, [t["input"]], partitions=1)
@@ -323,6 +350,9 @@ def test_sigkill_at_random_points_loses_nothing(kafka_bootstrap: str, service) -
         svc.stop(signal.SIGKILL)
     final = service(t, "--batch-size", "40", log="final.log")
     _every_page_decided_once_at_least(kafka_bootstrap, t)
+    # The killed runs may have decided every page: stopped before its signal handlers are
+    # set (still importing), the last one would die of the SIGTERM instead of exiting 0.
+    wait_for("consuming", lambda: "partitions assigned" in final.text())
     assert final.stop() == 0
 
 

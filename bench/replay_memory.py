@@ -6,12 +6,15 @@ Each run is the real CLI in a child process, `python3 -P -m stream_dedup replay 
 /dev/null -q --summary-json S` (memory index, records on disk, every flag at its default),
 with PYTHONPATH set to the checkout measured. Per run:
 
-- peak: the child's `ru_maxrss` (os.wait4), the whole process's high-water mark, start-up
-  and teardown included;
+- peak: the child's VmHWM, the whole process's high-water mark from its exec on (the
+  summary's `memory.peak_rss`, taken when the last batch was committed, or the last VmHWM
+  sampled here if larger). Not `ru_maxrss`: Linux carries the parent's resident set at the
+  fork into it (a bench process of 172 MiB made every small replay's peak 172 MiB);
 - steady: its VmRSS when the last batch was committed with the index still held (the
   replay summary's `memory.rss`);
 - pages held: the summary's `index.pages` (kept pages the index holds);
-- a sample of VmRSS every 50 ms from here, to say when the peak came (share of the run);
+- a sample of VmRSS and VmHWM every 50 ms from here, to say when the peak came (share of
+  the run);
 - wall and CPU seconds (user + system of the child), and the CPU other processes used
   meanwhile (the machine's busy time from /proc/stat minus the child's), in cores.
 
@@ -110,6 +113,7 @@ def run_replay(checkout: Path, crawl: Path, tmp: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     child = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
     samples: list[tuple[float, int]] = []
+    hwm = [0]
     done = threading.Event()
 
     def sample() -> None:
@@ -120,6 +124,8 @@ def run_replay(checkout: Path, crawl: Path, tmp: Path) -> dict[str, Any]:
                     for line in fh:
                         if line.startswith("VmRSS:"):
                             samples.append((time.perf_counter() - t0, int(line.split()[1]) * 1024))
+                        elif line.startswith("VmHWM:"):
+                            hwm[0] = max(hwm[0], int(line.split()[1]) * 1024)
             except (OSError, ValueError):
                 pass
             done.wait(0.05)
@@ -127,7 +133,7 @@ def run_replay(checkout: Path, crawl: Path, tmp: Path) -> dict[str, Any]:
     watcher = threading.Thread(target=sample, daemon=True)
     watcher.start()
     err = child.stderr.read() if child.stderr else ""
-    _, status, usage = os.wait4(child.pid, 0)
+    _, status, usage = os.wait4(child.pid, 0)  # usage: CPU times (its ru_maxrss: see above)
     wall = time.perf_counter() - t0
     done.set()
     watcher.join()
@@ -139,8 +145,7 @@ def run_replay(checkout: Path, crawl: Path, tmp: Path) -> dict[str, Any]:
     cpu = usage.ru_utime + usage.ru_stime
     peak_at = max(samples, key=lambda p: p[1])[0] / wall if samples else float("nan")
     return {"pages": s["pages"], "held": int(s["index"]["pages"]), "kept": s["kept"],
-            "peak": usage.ru_maxrss * 1024, "steady": s.get("memory", {}).get("rss"),
-            "peak_at_end": s.get("memory", {}).get("peak_rss"),
+            "peak": max(hwm[0], s["memory"]["peak_rss"]), "steady": s["memory"]["rss"],
             "peak_at": peak_at, "wall": wall, "cpu": cpu,
             "others": max(0.0, (busy1 - busy0) / tick - cpu) / wall}
 

@@ -195,7 +195,7 @@ def print_tables(results: dict[tuple[str, int], list[dict[str, Any]]],
                  sides: list[tuple[str, Path]], sizes: list[int]) -> None:
     base = sizes[0]
     rows = []
-    for name, checkout in sides:
+    for name, _ in sides:
         b = results[(name, base)]
         for n in sizes:
             runs = results[(name, n)]

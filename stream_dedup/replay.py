@@ -45,6 +45,9 @@ class ReplaySummary:
     verification: Counter[str] = field(default_factory=Counter)
     skipped: dict[str, Any] = field(default_factory=dict)
     index: dict[str, float] = field(default_factory=dict)
+    # this process's resident memory when the last batch was committed, the index still
+    # held, and its peak so far (bytes; Linux /proc, else empty): what a machine is sized by
+    memory: dict[str, int] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)  # "path: why", as rejected
     repeated: list[str] = field(default_factory=list)  # inputs given again, read once
     unsplit: list[str] = field(default_factory=list)  # big archives read whole: one gzip stream
@@ -71,6 +74,7 @@ class ReplaySummary:
             "seconds": round(self.seconds, 3),
             "pages_per_second": round(self.pages_per_second, 1),
             "index": self.index,
+            "memory": self.memory,
             "unreadable_inputs": self.unreadable,
             "repeated_inputs": self.repeated,
             "unsplit_inputs": self.unsplit,
@@ -89,6 +93,10 @@ class ReplaySummary:
         if self.verification:
             lines.append("verification: " + ", ".join(
                 f"{k} {v:,}" for k, v in sorted(self.verification.items())))
+        if self.memory:
+            lines.append(f"memory: {self.memory['rss'] / 2**20:,.0f} MiB resident at the end, "
+                         f"{self.memory['peak_rss'] / 2**20:,.0f} MiB at the peak "
+                         f"({self.index.get('pages', 0):,.0f} pages held)")
         if self.skipped:
             lines.append("skipped records (not HTML pages): " + ", ".join(
                 f"{k} {v:,}" for k, v in sorted(self.skipped.items()) if v))
@@ -152,6 +160,7 @@ def replay(
     try:
         asyncio.run(runner.run(asyncio.Event()))
         summary.index = dedup.index.stats()
+        summary.memory = process_memory()
     finally:
         bar.close()
         sink.close()
@@ -168,6 +177,22 @@ def replay(
     summary.repeated = list(source.stats.repeated)
     summary.unsplit = list(source.stats.unsplit)
     return summary
+
+
+def process_memory() -> dict[str, int]:
+    """This process's resident set now (`rss`) and at its peak (`peak_rss`), in bytes, from
+    /proc/self/status (empty where there is none)."""
+    names = {"VmRSS:": "rss", "VmHWM:": "peak_rss"}
+    out = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key = line.split(None, 1)[0] if line.strip() else ""
+                if key in names:
+                    out[names[key]] = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return {}
+    return out
 
 
 def _input_bytes(paths: Sequence[str | Path]) -> int:

@@ -58,6 +58,10 @@ def test_golden_decisions_in_input_order(sample, tmp_path: Path) -> None:  # typ
     assert summary["rejected"] == 1
     assert summary["skipped_records"] == {"non-html": 1}
     assert summary["verification"]["confirmed"] == sum(p.expected[1] == "near" for p in pages)
+    # what a machine is sized by: this process's resident set with the index held, and its
+    # peak (never below it)
+    memory = summary["memory"]
+    assert 10 * 2**20 < memory["rss"] <= memory["peak_rss"]
     dead = [json.loads(x) for x in (tmp_path / "dead.jsonl").read_text().splitlines()]
     lines = len(jsonl.read_text().splitlines())
     assert [(d["error"], d["source"]) for d in dead] == [("bad-json", f"{jsonl}#{lines}")]

@@ -4,7 +4,8 @@ A Python dict costs ~130 bytes per key; six features per page would cost ~800 by
 page. Here a (key, page id) pair costs 8 bytes: new pairs go to a small dict (the
 memtable); when it fills it is sorted into a run of two numpy arrays (uint32 keys, uint32
 ids), and runs of similar size are merged, as in an LSM tree, so a lookup searches a few
-sorted runs (np.searchsorted on all k features at once). Merging is also where posting
+sorted runs (np.searchsorted on all k features at once; a large run in a memory mapping of
+its own, merged a step at a time without a second copy: runs.py). Merging is also where posting
 lists are capped: a feature keeps only its `cap` most recent pages (the exact layers and
 the URL map: two), and where the entries of pages a newer version of their URL replaced
 are dropped.
@@ -32,6 +33,7 @@ import numpy as np
 
 from ..core.urls import UrlKeys
 from ..errors import IndexMismatchError
+from . import runs
 from .arena import DocArena
 from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
 
@@ -174,23 +176,9 @@ class SortedRunMultimap:
     def _merge(
         self, older: tuple[np.ndarray, np.ndarray], newer: tuple[np.ndarray, np.ndarray]
     ) -> tuple[np.ndarray, np.ndarray]:
-        keys = np.concatenate((older[0], newer[0]))
-        vals = np.concatenate((older[1], newer[1]))
-        gone = None if self.dead is None else self.dead(vals)
-        if gone is not None:
-            keys, vals = keys[~gone], vals[~gone]
-        order = np.argsort(keys, kind="stable")  # stable: older ids stay before newer ones
-        keys, vals = keys[order], vals[order]
-        if keys.shape[0] == 0:
-            return keys, vals
-        starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-        lengths = np.diff(np.append(starts, keys.shape[0]))
-        rank = np.arange(keys.shape[0]) - np.repeat(starts, lengths)
-        if self.keep == "first":
-            keep = rank < self.cap
-        else:
-            keep = rank >= np.repeat(lengths, lengths) - self.cap
-        return keys[keep], vals[keep]
+        # a step at a time into a mapping of its own, the inputs' pages given back as they
+        # are read (runs.py): the largest merge no longer doubles the table
+        return runs.merge(older, newer, self.cap, self.keep, self.dead)
 
     def __len__(self) -> int:
         return self._mem_entries + sum(int(k.shape[0]) for k, _ in self._runs)

@@ -19,7 +19,7 @@ from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
 from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_layout import SHARDS, id_bytes
+from stream_dedup.index.redis_layout import SHARDS, id_bytes, set_members
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 
@@ -142,18 +142,24 @@ def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
 
 
-def _split(key: bytes) -> tuple[bytes, bytes]:
-    end = key.index(b"}") + 5
-    return key[:end], key[end:]
+def _bucket(key: bytes) -> bytes:
+    return key[: key.index(b"}") + 5]
 
 
 def _entry(client, key: bytes) -> tuple[bytes, dict[bytes, int]]:  # type: ignore[no-untyped-def]
-    """An entry's bucket, and its ids with their expiries (a set entry's value, 'e' mode)."""
-    bucket, field = _split(key)
-    value = client.hget(bucket, field) or b"e"
-    assert value[:1] == b"e"
-    return bucket, {value[p : p + 13]: int.from_bytes(value[p + 13 : p + 17], "big")
-                    for p in range(1, len(value), 17)}
+    """An entry's bucket, and its ids with their expiries (a bucket with expiries)."""
+    bucket = _bucket(key)
+    blob = client.get(bucket)
+    assert blob is None or blob[:1] == b"e"
+    return bucket, {id_bytes(q): e for q, e in set_members(blob, key).items()}
+
+
+def _put(client, key: bytes, members: dict[bytes, int], due: int) -> None:  # type: ignore[no-untyped-def]
+    """Make `key`'s bucket hold its set only: `members` with their expiries (in id order),
+    swept next at `due`."""
+    field = key[len(_bucket(key)) :]
+    client.set(_bucket(key), b"e" + due.to_bytes(4, "big") + b"".join(
+        field + q + e.to_bytes(4, "big") for q, e in sorted(members.items())))
 
 
 def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
@@ -174,7 +180,7 @@ def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
     # (another field of it: only a sweep of the bucket can take it away).
     neighbour = layout.set_key(b"", 7 + SHARDS * layout.buckets)
     lapsed = position_id(now_ms - 5 * 86_400_000, 0, 9).to_bytes(13, "big")
-    client.hset(*_split(neighbour), b"e" + lapsed + (now - 10).to_bytes(4, "big"))
+    _put(client, neighbour, {lapsed: now - 10}, due=0)
     keep(index, _doc([7, 8], raw=1, canon=1), fresh)
     keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
     bucket, ids = _entry(client, layout.set_key(b"r", 1))
@@ -190,10 +196,9 @@ def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
     bucket, ids = _entry(client, layout.set_key(b"", 7))
     assert set(ids) == {id_bytes(fresh), id_bytes(old)}
     assert 86_400 - 60 < client.ttl(bucket) <= 86_400
-    assert client.hget(*_split(neighbour)) is None  # swept
+    assert not set_members(client.get(_bucket(neighbour)), neighbour)  # swept
     # An id whose time has come leaves its set when a page joins it.
-    client.hset(*_split(layout.set_key(b"", 7)), b"e" + lapsed + (now - 10).to_bytes(4, "big")
-                + b"".join(i + e.to_bytes(4, "big") for i, e in sorted(ids.items())))
+    _put(client, layout.set_key(b"", 7), {lapsed: now - 10, **ids}, due=now + 3_600)
     keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
     _, ids = _entry(client, layout.set_key(b"", 7))
     assert lapsed not in ids

@@ -19,6 +19,7 @@ from stream_dedup.decide import Analysis, decide_batch
 from stream_dedup.index import index_for
 from stream_dedup.index.base import WAIT, Claim, Probe
 from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis_layout import set_members
 from stream_dedup.models import Decision, position_id
 from stream_dedup.pipeline import _probe
 
@@ -50,11 +51,8 @@ def two(redis_url: str, request: pytest.FixtureRequest
 def held(index: RedisIndex) -> list[tuple[int, str]]:
     """The members of the URL's set and their states (K: the version held)."""
     key = index.layout.set_key(b"u", KEY)
-    end = key.index(b"}") + 5
-    value = index.client.hget(key[:end], key[end:]) or b"n"
     out = []
-    for pos in range(1, len(value), 13):
-        q = int.from_bytes(value[pos : pos + 13], "big")
+    for q in sorted(set_members(index.client.get(key[: key.index(b"}") + 5]), key)):
         record = index.layout.record_key(q)
         at = record.index(b"}") + 5
         out.append((q, (index.client.hget(record[:at], record[at:]) or b"?")[:1].decode()))

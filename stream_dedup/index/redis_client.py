@@ -1,6 +1,6 @@
 """The Redis index's transport: connecting (cluster or single), and a round of the protocol
 as one pipelined round trip of script calls, one call per node (redis.py holds the protocol,
-redis_layout.py the scripts)."""
+redis_scripts.py the scripts)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
-from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SCRIPTS, SHARDS, STAMP
+from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SHARDS, STAMP
+from .redis_scripts import SCRIPTS
 
 log = logging.getLogger("stream_dedup.index")
 

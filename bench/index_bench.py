@@ -4,8 +4,8 @@ For N pages (generated: --keys random 64-bit index keys, 13 by default: 6 featur
 band keys and 2 containment keys, as the deduplicator's defaults give; raw and canonical
 fingerprints, a URL key (one URL per page; --no-url-keys: none), an 84-value sketch, a
 200-byte LD signature, a 50-byte URL and a --shingle-bytes shingle set per page) it drives
-each backend as the deduplicator does, per batch of --batch pages: one `lookup` (exact layers and the keys'
-posting lists), then one `claim` of the batch (every page kept). It reports:
+each backend as the deduplicator does, per batch of --batch pages: one `lookup` (exact
+layers and the keys' posting lists), then one `claim` of the batch (every page kept). It reports:
   - pages/s through the seam (index work only: no parsing, no deciding);
   - bytes per page: memory = the index structures (features + exact maps); LSM = the
     features column family on disk after a flush + compaction, and the whole directory

@@ -52,22 +52,27 @@ from ..models import Contained, Decision, DuplicateOf, Previous
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
+# A page's ref: its hash tag's count of pages registered there when it was, times SHARDS,
+# plus the tag (2**38 pages a tag before it wraps)
+REF_BYTES = 6
 # Keys are spread over SHARDS hash tags, so a cluster can spread the index evenly over up
 # to ~SHARDS / 10 primaries. Part of the layout: every instance must agree (it is stored
 # with the stamp, with the buckets).
 SHARDS = 1024
 # 4: records carry the shingle set (exact verification); 5: keys and URL key; 6: set buckets
-# are strings of fixed-width entries, features' fields 3 bytes
+# are strings of fixed-width entries of 3-byte (7) fields and refs, not ids
 FORMAT = 6
 BUCKETS = 128  # feature buckets per hash tag by default: ~100 entries each at 1M pages held
 # A page has 13 feature entries (6 features, 5 band keys, 2 containment keys), 3 exact ones
 # (raw, canonical, URL) and one record: fewer buckets of the latter two, of as many entries
 EXACT_BUCKETS_PER, RECORD_BUCKETS_PER = 4, 8
 FEATURE_FIELD, EXACT_FIELD = 3, 7  # bytes of a set entry's field
-# A record bucket stays a compact listpack (~25 bytes a record) only up to so many fields of
-# at most so many bytes (a drop's decision, with the URL it names, is ~100-200): Redis
-# settings deploy/redis-local sets, a warning if lower; the set buckets need none
-LISTPACK_ENTRIES, LISTPACK_VALUE = 128, 1024
+# Redis's defaults: a hash stays a compact listpack (~2 bytes a field or value besides its
+# bytes) only up to so many fields of at most so many bytes. The record and ref buckets hold
+# ~60 fields at 1M pages held (a warning if the server allows fewer); a record longer than
+# the server allows (most drops': the decision names a page and its URL) keeps its
+# decision in a key of its own. The set buckets are strings: no limit.
+LISTPACK_ENTRIES, LISTPACK_VALUE = 128, 64
 SWEEP_S = 3600  # with retention, how often a bucket drops the entries past their time
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 # raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, URL
@@ -83,7 +88,8 @@ def id_bytes(page_id: int) -> bytes:
 
 
 _TAGS = [b"{%d}" % shard for shard in range(SHARDS)]
-_SETS, _EXACT, _RECS = ([tag + letter for tag in _TAGS] for letter in (b"S", b"X", b"P"))
+_SETS, _EXACT, _RECS, _REFS = ([tag + letter for tag in _TAGS]
+                               for letter in (b"S", b"X", b"P", b"Q"))
 # An exact entry's field: its kind in the top 2 bits of 56, then its key's bits above the
 # bucket's (at most 54)
 _KINDS = {b"r": 1 << 54, b"c": 2 << 54, b"u": 3 << 54}
@@ -106,8 +112,14 @@ class Layout:
         return max(1, self.buckets // RECORD_BUCKETS_PER)
 
     def record_key(self, page_id: int) -> bytes:
-        bucket = (page_id // SHARDS) % self.record_buckets
+        # (of the id's low 32 bits: a script finds the bucket from the id's bytes)
+        bucket = ((page_id & 0xFFFFFFFF) // SHARDS) % self.record_buckets
         return _RECS[page_id % SHARDS] + bucket.to_bytes(3, "big") + id_bytes(page_id)
+
+    def ref_key(self, ref: int) -> bytes:
+        """The entry that holds the id of the page `ref` names (in the page's hash tag)."""
+        bucket = (ref // SHARDS) % self.record_buckets
+        return _REFS[ref % SHARDS] + bucket.to_bytes(3, "big") + ref.to_bytes(REF_BYTES, "big")
 
     @staticmethod
     def doc_key(page_id: int) -> bytes:
@@ -146,20 +158,20 @@ class Layout:
 
 
 def set_members(bucket: bytes | None, key: bytes) -> dict[int, int]:
-    """The members of the set of entry `key` in its bucket's value (as GET gives it), each
-    with its expiry (epoch s, 0: none): what the scripts read (tests, inspection)."""
+    """The members (refs) of the set of entry `key` in its bucket's value (as GET gives
+    it), each with its expiry (epoch s, 0: none): what the scripts read (tests)."""
     if not bucket:
         return {}
     field = key[key.index(b"}") + 5 :]
-    head, width = (5, len(field) + ID_BYTES + 4) if bucket[:1] == b"e" else \
-        (1, len(field) + ID_BYTES)
+    head, width = (5, len(field) + REF_BYTES + 4) if bucket[:1] == b"e" else \
+        (1, len(field) + REF_BYTES)
     out = {}
     for p in range(head, len(bucket), width):
         if bucket[p : p + len(field)] == field:
             q = p + len(field)
-            expiry = int.from_bytes(bucket[q + ID_BYTES : q + ID_BYTES + 4], "big") \
+            expiry = int.from_bytes(bucket[q + REF_BYTES : q + REF_BYTES + 4], "big") \
                 if head == 5 else 0
-            out[int.from_bytes(bucket[q : q + ID_BYTES], "big")] = expiry
+            out[int.from_bytes(bucket[q : q + REF_BYTES], "big")] = expiry
     return out
 
 

@@ -64,8 +64,10 @@ SHARDS = 1024
 FORMAT = 6
 BUCKETS = 128  # feature buckets per hash tag by default: ~100 entries each at 1M pages held
 # A page has 13 feature entries (6 features, 5 band keys, 2 containment keys), 3 exact ones
-# (raw, canonical, URL) and one record: fewer buckets of the latter two, of as many entries
-EXACT_BUCKETS_PER, RECORD_BUCKETS_PER = 4, 8
+# (raw, canonical, URL), a record and a ref entry: fewer buckets of the others, and so many
+# that record and ref buckets hold ~30 each at 1M pages held (Redis's default listpack
+# holds up to 128: to ~4M pages held with the default buckets)
+EXACT_BUCKETS_PER, RECORD_BUCKETS_PER = 4, 4
 FEATURE_FIELD, EXACT_FIELD = 3, 7  # bytes of a set entry's field
 # Redis's defaults: a hash stays a compact listpack (~2 bytes a field or value besides its
 # bytes) only up to so many fields of at most so many bytes. The record and ref buckets hold

@@ -109,7 +109,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
              "their shingle sets ~5.2 KB of Redis RAM a mean web page; ~860 B with "
              "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
-             "index holds ~245 B a page (default: in the index's Redis)",
+             "index holds ~250 B a page (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),

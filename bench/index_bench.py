@@ -1,10 +1,11 @@
 """Feature index benchmark: memory vs LSM vs Redis in one run, through the index seam.
 
-For N pages (generated: --keys random 64-bit index keys, 11 by default: 6 features and 5
-band keys; raw and canonical fingerprints, an 84-value sketch, a 200-byte LD signature, a
-50-byte URL and a --shingle-bytes shingle set per page) it drives each backend as the
-deduplicator does, per batch of --batch pages: one `lookup` (exact layers and the keys'
-posting lists), then one `claim` of the batch (every page kept). It reports:
+For N pages (generated: --keys random 64-bit index keys, 13 by default: 6 features, 5
+band keys and 2 containment keys, as the deduplicator's defaults give; raw and canonical
+fingerprints, a URL key (one URL per page; --no-url-keys: none), an 84-value sketch, a
+200-byte LD signature, a 50-byte URL and a --shingle-bytes shingle set per page) it drives
+each backend as the deduplicator does, per batch of --batch pages: one `lookup` (exact
+layers and the keys' posting lists), then one `claim` of the batch (every page kept). It reports:
   - pages/s through the seam (index work only: no parsing, no deciding);
   - bytes per page: memory = the index structures (features + exact maps); LSM = the
     features column family on disk after a flush + compaction, and the whole directory
@@ -77,9 +78,12 @@ def _breakdown(clients: list, pages: int, every: int = 20) -> dict[str, float]:
 
 
 def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: Path,
-        redis_url: str, records_url: str, keys: int, shingle_bytes: int) -> dict:
+        redis_url: str, records_url: str, keys: int, shingle_bytes: int,
+        url_keys: bool = True) -> dict:
     rng = np.random.default_rng(seed)
     features = rng.integers(0, 2**63, size=(pages, keys), dtype=np.uint64)
+    urls = (rng.integers(1, 2**63, size=pages, dtype=np.uint64) if url_keys
+            else np.zeros(pages, dtype=np.uint64)).tolist()
     dups = np.flatnonzero(rng.random(pages) < dup_share)
     dups = dups[dups > 0]
     sources = rng.integers(0, dups, dtype=np.int64) if dups.size else dups
@@ -106,11 +110,11 @@ def run(backend: str, pages: int, batch: int, dup_share: float, seed: int, tmp: 
         probes, docs = [], []
         for i in range(start, min(pages, start + batch)):
             feats = features[i]
-            probes.append(Probe(ids[i], i, i + pages, feats))
+            probes.append(Probe(ids[i], i, i + pages, feats, urls[i]))
             docs.append(StoredDoc(f"https://www.example-{i % 1000}.com/news/article/{i}.html",
                                   feats, sketches[i % 4096] ^ np.uint32(i), signature, 9000,
                                   i, i + pages, None, ids[i],
-                                  sets[i % 4096 : i % 4096 + shingle_bytes]))
+                                  sets[i % 4096 : i % 4096 + shingle_bytes], urls[i]))
         for answer in index.lookup(probes):
             found += sum(1 for posting in answer.postings if posting)
         index.claim([Claim(p, d, Decision(d.url, "keep", "unique", page_id=d.page_id))
@@ -154,8 +158,11 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500, help="pages per commit (500)")
     parser.add_argument("--dup-share", type=float, default=0.2)
     parser.add_argument("--tmp", default=None, help="where the LSM directory goes")
-    parser.add_argument("--keys", type=int, default=11,
-                        help="index keys a page: features + band keys (11 = 6 + 5)")
+    parser.add_argument("--keys", type=int, default=13,
+                        help="index keys a page: features + band keys + containment keys "
+                        "(13 = 6 + 5 + 2, the defaults; 6 with --bands 0 --contain-keys 0)")
+    parser.add_argument("--no-url-keys", dest="url_keys", action="store_false",
+                        help="pages without a URL key (before recrawls were indexed)")
     parser.add_argument("--shingle-bytes", type=int, default=4_416,
                         help="a record's shingle set, 4 B a shingle (4,416: the long WARC "
                         "pages' mean, sets sampled past 8,192 shingles; 7,644 whole; 0: "
@@ -170,7 +177,8 @@ def main() -> int:
             tmp = Path(tempfile.mkdtemp(dir=args.tmp))
             try:
                 r = run(backend, pages, args.batch, args.dup_share, 7, tmp, args.redis_url,
-                        args.redis_records_url, args.keys, args.shingle_bytes)
+                        args.redis_records_url, args.keys, args.shingle_bytes,
+                        args.url_keys)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             kinds = "  ".join(f"{k} {b:.1f}" for k, b in r["breakdown"].items())

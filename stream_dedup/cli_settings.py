@@ -103,13 +103,13 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("redis_url", "redis: any node of a Redis Cluster (the rest is discovered) or "
              "a single Redis or Kvrocks, e.g. redis://127.0.0.1:7000; several seeds "
              "comma-separated, so a start does not depend on one node", "URL"),
-        Flag("redis_buckets", "redis: bucket hashes per hash tag (1,024 tags), fixed when the "
-             "index is made; the default suits up to ~2.5M pages held: take pages / 18,000 "
-             "(pages / 30,000 with --bands 0; docs/scale-out.md)", "N"),
+        Flag("redis_buckets", "redis: set buckets per hash tag (1,024 tags), fixed when the "
+             "index is made; the default suits up to ~2.5M pages held: take pages / 20,000 "
+             "(docs/scale-out.md)", "N"),
         Flag("redis_records_url", "redis: keep the kept pages' verification records (with "
-             "their shingle sets ~5.2 KB of Redis RAM a mean web page; ~730 B with "
+             "their shingle sets ~5.2 KB of Redis RAM a mean web page; ~860 B with "
              "--no-verify-exact) in this other store, e.g. Kvrocks on SSD, so that the Redis "
-             "index holds ~410 B a page (~260 with --bands 0) (default: in the index's Redis)",
+             "index holds ~250 B a page (default: in the index's Redis)",
              "URL"),
         Flag("warm_from", "start a memory index with the pages of an LSM index (a "
              "snapshot)", "DIR"),

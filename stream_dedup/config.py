@@ -107,9 +107,9 @@ class Settings:
     index: str = "memory"  # memory | lsm | redis
     index_path: str = ""  # the LSM directory (required with index = "lsm")
     redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
-    # Redis: the index's entries are fields of bucket hashes, this many per hash tag (1,024
-    # tags); fixed when the index is made. ~13 x pages held / (1,024 x buckets) fields each
-    # (6 features, 5 band keys, 2 fingerprints): keep that under ~250 (docs/scale-out.md)
+    # Redis: the index's set buckets (strings), this many per hash tag (1,024
+    # tags); fixed when the index is made. A record bucket holds 4 x pages held / (1,024 x
+    # buckets) records: keep that near 80, under Redis's 128 (docs/scale-out.md)
     redis_buckets: int = 128
     # Redis: where kept pages' verification records go (read only to verify; with their
     # shingle sets ~5.2 KB of Redis RAM a mean web page, ~730 bytes without): another

@@ -19,7 +19,7 @@ from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
 from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_layout import SHARDS, id_bytes
+from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_members
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 
@@ -126,6 +126,45 @@ def test_a_page_delivered_again_gets_its_decision_back(two) -> None:  # type: ig
     assert (dropped.decision, dropped.duplicate_of.page_id) == ("drop", OLD)
 
 
+def test_a_decision_longer_than_a_compact_record_is_kept_beside_it(two) -> None:  # type: ignore[no-untyped-def]
+    """On a Redis with the default hash-max-listpack-value (64), a drop's decision (it
+    names a page and its URL) would turn its record bucket into a hash table: it goes to a
+    key of its own, and a re-delivery still gets it back."""
+    a, b = two
+    a.listpack_value = b.listpack_value = 64
+    finish(a, OLD_PAGE, OLD)
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert young.decision.decision == "drop"
+    record = a.layout.record_key(YOUNG)
+    at = record.index(b"}") + 5
+    value = a.client.hget(record[:at], record[at:])
+    assert value[:1] == b"D" and value[5 + REF_BYTES :] == b">" and len(value) <= 64
+    assert len(a.client.get(b"{%d}V" % (YOUNG % SHARDS) + id_bytes(YOUNG))) > 64
+    record = a.layout.record_key(OLD)
+    kept = a.client.hget(_bucket(record), record[len(_bucket(record)) :])
+    assert kept[:1] == b"K" and kept[5 + REF_BYTES :] == b"u"  # a plain keep: in its record
+    again = ask(a, YOUNG_PAGE, YOUNG).prior  # delivered again
+    assert (again.decision, again.reason, again.duplicate_of, again.resemblance) == (
+        "drop", young.decision.reason, young.decision.duplicate_of,
+        young.decision.resemblance)
+
+
+def test_sets_name_pages_by_ref_and_refs_by_page(two) -> None:  # type: ignore[no-untyped-def]
+    """A page's entries hold its ref (6 bytes), given when its record is first registered
+    and the same when it registers again; its ref entry gives its id back."""
+    a, b = two
+    ask(a, OLD_PAGE, OLD)
+    ref = a._refs[OLD]
+    ask(b, OLD_PAGE, OLD)  # registered again (another instance): the same ref
+    assert b._refs[OLD] == ref and len(ref) == REF_BYTES
+    assert int.from_bytes(ref, "big") % SHARDS == OLD % SHARDS  # in the page's hash tag
+    assert page_of(a, int.from_bytes(ref, "big")) == OLD
+    key = a.layout.set_key(b"r", OLD_PAGE.raw_fp)
+    assert set(set_members(a.client.get(_bucket(key)), key)) == {int.from_bytes(ref, "big")}
+    ask(a, YOUNG_PAGE, YOUNG)
+    assert a._refs[YOUNG] != ref
+
+
 def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
         two, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from stream_dedup.index import redis as module
@@ -142,18 +181,36 @@ def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
 
 
-def _split(key: bytes) -> tuple[bytes, bytes]:
-    end = key.index(b"}") + 5
-    return key[:end], key[end:]
+def _bucket(key: bytes) -> bytes:
+    return key[: key.index(b"}") + 5]
 
 
-def _entry(client, key: bytes) -> tuple[bytes, dict[bytes, int]]:  # type: ignore[no-untyped-def]
-    """An entry's bucket, and its ids with their expiries (a set entry's value, 'e' mode)."""
-    bucket, field = _split(key)
-    value = client.hget(bucket, field) or b"e"
-    assert value[:1] == b"e"
-    return bucket, {value[p : p + 13]: int.from_bytes(value[p + 13 : p + 17], "big")
-                    for p in range(1, len(value), 17)}
+def page_of(index: RedisIndex, ref: int) -> int | None:
+    """The page id a ref names (its ref entry; None: no page)."""
+    key = index.layout.ref_key(ref)
+    value = index.client.hget(_bucket(key), key[len(_bucket(key)) :])
+    return None if value is None else int.from_bytes(value[:13], "big")
+
+
+def _refs(client, key: bytes) -> dict[bytes, int]:  # type: ignore[no-untyped-def]
+    """The refs in an entry's set with their expiries (a bucket with expiries)."""
+    blob = client.get(_bucket(key))
+    assert blob is None or blob[:1] == b"e"
+    return {r.to_bytes(REF_BYTES, "big"): e for r, e in set_members(blob, key).items()}
+
+
+def _entry(index: RedisIndex, key: bytes) -> tuple[bytes, dict[bytes, int]]:
+    """An entry's bucket, and its members' ids with their expiries."""
+    return _bucket(key), {id_bytes(page_of(index, int.from_bytes(r, "big")) or 0): e
+                          for r, e in _refs(index.client, key).items()}
+
+
+def _put(client, key: bytes, members: dict[bytes, int], due: int) -> None:  # type: ignore[no-untyped-def]
+    """Make `key`'s bucket hold its set only: `members` with their expiries (in id order),
+    swept next at `due`."""
+    field = key[len(_bucket(key)) :]
+    client.set(_bucket(key), b"e" + due.to_bytes(4, "big") + b"".join(
+        field + q + e.to_bytes(4, "big") for q, e in sorted(members.items())))
 
 
 def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
@@ -173,30 +230,30 @@ def test_keys_expire_with_the_pages_crawl_time(redis_url: str) -> None:
     # An entry of an earlier page, past its time, in the bucket feature 7 is in
     # (another field of it: only a sweep of the bucket can take it away).
     neighbour = layout.set_key(b"", 7 + SHARDS * layout.buckets)
-    lapsed = position_id(now_ms - 5 * 86_400_000, 0, 9).to_bytes(13, "big")
-    client.hset(*_split(neighbour), b"e" + lapsed + (now - 10).to_bytes(4, "big"))
+    lapsed = (999 * SHARDS + 9).to_bytes(REF_BYTES, "big")  # (a page's ref: no page's)
+    _put(client, neighbour, {lapsed: now - 10}, due=0)
     keep(index, _doc([7, 8], raw=1, canon=1), fresh)
     keep(index, _doc([7, 9], raw=2, canon=2), old)  # crawled 3 days ago: held for the hour
-    bucket, ids = _entry(client, layout.set_key(b"r", 1))
+    bucket, ids = _entry(index, layout.set_key(b"r", 1))
     assert abs(ids[id_bytes(fresh)] - (now + 86_400)) <= 60
     assert 86_400 - 60 < client.ttl(bucket) <= 86_400
-    bucket, ids = _entry(client, layout.set_key(b"r", 2))
+    bucket, ids = _entry(index, layout.set_key(b"r", 2))
     assert abs(ids[id_bytes(old)] - (now + 3_600)) <= 60
     assert 3_600 - 60 < client.ttl(bucket) <= 3_600
     record = layout.record_key(fresh)
     assert 86_400 - 60 < client.ttl(record[: record.index(b"}") + 5]) <= 86_400
     assert 86_400 - 60 < client.ttl(b"{%d}D" % (fresh % SHARDS) + id_bytes(fresh)) <= 86_400
     # The feature both share: both ids, each with its own time; the bucket as its newest.
-    bucket, ids = _entry(client, layout.set_key(b"", 7))
+    bucket, ids = _entry(index, layout.set_key(b"", 7))
     assert set(ids) == {id_bytes(fresh), id_bytes(old)}
     assert 86_400 - 60 < client.ttl(bucket) <= 86_400
-    assert client.hget(*_split(neighbour)) is None  # swept
+    assert not set_members(client.get(_bucket(neighbour)), neighbour)  # swept
     # An id whose time has come leaves its set when a page joins it.
-    client.hset(*_split(layout.set_key(b"", 7)), b"e" + lapsed + (now - 10).to_bytes(4, "big")
-                + b"".join(i + e.to_bytes(4, "big") for i, e in sorted(ids.items())))
+    seven = layout.set_key(b"", 7)
+    _put(client, seven, {lapsed: now - 10, **_refs(client, seven)}, due=now + 3_600)
     keep(index, _doc([7, 10], raw=3, canon=3), position_id(now_ms + 1, 0, 3))
-    _, ids = _entry(client, layout.set_key(b"", 7))
-    assert lapsed not in ids
+    assert lapsed not in _refs(client, seven)
+    _, ids = _entry(index, seven)
     assert {id_bytes(old), id_bytes(fresh)} <= set(ids)
     index.close()
 
@@ -220,3 +277,11 @@ def test_an_index_is_opened_only_with_the_parameters_it_was_made_with(redis_url:
         RedisIndex(redis_url, 1)
     with pytest.raises(IndexMismatchError, match="other sketch parameters"):
         RedisIndex(redis_url, 2, buckets=64)
+    # An index laid out by an earlier version (format 5: ids in hashes) is refused, not
+    # misread
+    flush_redis(redis_url)
+    old = RedisIndex(redis_url, 1)
+    old.client.set(b"stream-dedup:stamp", b"1:1024:5:128")
+    old.close()
+    with pytest.raises(IndexMismatchError, match="another version .*format 5.* is 6"):
+        RedisIndex(redis_url, 1)

@@ -12,13 +12,23 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from test_redis_protocol import SETTINGS, analysis, ask, claim, decide, finish, open_two
+from test_redis_protocol import (
+    SETTINGS,
+    analysis,
+    ask,
+    claim,
+    decide,
+    finish,
+    open_two,
+    page_of,
+)
 
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.decide import Analysis, decide_batch
 from stream_dedup.index import index_for
 from stream_dedup.index.base import WAIT, Claim, Probe
 from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis_layout import set_members
 from stream_dedup.models import Decision, position_id
 from stream_dedup.pipeline import _probe
 
@@ -50,15 +60,14 @@ def two(redis_url: str, request: pytest.FixtureRequest
 def held(index: RedisIndex) -> list[tuple[int, str]]:
     """The members of the URL's set and their states (K: the version held)."""
     key = index.layout.set_key(b"u", KEY)
-    end = key.index(b"}") + 5
-    value = index.client.hget(key[:end], key[end:]) or b"n"
     out = []
-    for pos in range(1, len(value), 13):
-        q = int.from_bytes(value[pos : pos + 13], "big")
+    for ref in set_members(index.client.get(key[: key.index(b"}") + 5]), key):
+        q = page_of(index, ref)
+        assert q is not None
         record = index.layout.record_key(q)
         at = record.index(b"}") + 5
         out.append((q, (index.client.hget(record[:at], record[at:]) or b"?")[:1].decode()))
-    return out
+    return sorted(out)
 
 
 def serial(pages: list[tuple[Analysis, int]]) -> list[Decision]:
@@ -167,7 +176,7 @@ def test_an_instance_that_cached_the_replaced_version_does_not_use_it(two) -> No
     copy = analysis("http://other.example/", text(1))
     dropped = finish(b, copy, position_id(950, 1, 1))
     assert (dropped.decision.decision, dropped.decision.duplicate_of.page_id) == ("drop", V0)
-    assert b._final.get(V0) == "K" and V0 in b._records
+    assert b._final.get(int.from_bytes(b._refs[V0], "big")) == ("K", V0) and V0 in b._records
     finish(a, SECOND, OLD, KEY)
     again = finish(b, analysis("http://third.example/", text(1)), position_id(1_100, 1, 2))
     assert (again.decision.decision, again.decision.reason) == ("keep", "unique")

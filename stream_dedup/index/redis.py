@@ -52,6 +52,7 @@ from .redis_client import ANY, Observe, ScriptClient, connect, shard_of
 from .redis_layout import (
     BUCKETS,
     FORMAT,
+    REF_BYTES,
     SHARDS,
     Layout,
     decode_decision,
@@ -67,6 +68,7 @@ log = logging.getLogger("stream_dedup.index")
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
+CACHED_REFS = 200_000  # refs known (of the pages decided here and of those seen)
 # Pages whose records went to the records store before their keep held, at most: one
 # left out is one whose keep another instance's copy won (the record is theirs too)
 # or whose record, if the page is dropped later, waits for retention instead.
@@ -104,7 +106,10 @@ class RedisIndex(ScriptClient):
         # drops out when its record is found missing). A final state changes once only: a
         # version replaced, KEEP -> R; a URL's set is peeked afresh (a stale KEEP elsewhere
         # is a set read while the version was leaving it: docs/scale-out.md).
-        self._final: OrderedDict[int, str] = OrderedDict()
+        # A page is named in sets by its ref (redis_layout): final states by ref, with the
+        # page's id; the refs of pages decided here and seen (page id -> ref).
+        self._final: OrderedDict[int, tuple[str, int]] = OrderedDict()
+        self._refs: OrderedDict[int, bytes] = OrderedDict()
         self._records: OrderedDict[int, StoredDoc] = OrderedDict()
         self._next_local = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
         self._check_stamp(f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}",
@@ -132,24 +137,32 @@ class RedisIndex(ScriptClient):
         # A page decided before (delivered again) neither joins nor reads: it has its answer.
         joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
                          if prior is None for key in page_keys) if register else {}
-        members, hit = self._read(probes, keys, shards, priors, joined if register else None)
-        mine = {p.page_id for p in probes}
-        # Every page of another batch seen, with the smallest page of this batch that saw it.
+        refs, hit = self._read(probes, keys, shards, priors, joined if register else None)
+        own = {int.from_bytes(self._refs[p.page_id], "big"): p.page_id
+               for p, prior in zip(probes, priors, strict=True) if register and prior is None}
+        # Every page of another batch seen (by ref), with the smallest page of this batch
+        # that saw it.
         seen: dict[int, int] = {}
-        for p, sets, prior, any_read in zip(probes, members, priors, hit, strict=True):
+        for p, sets, prior, any_read in zip(probes, refs, priors, hit, strict=True):
             if prior is None and any_read:
-                for ids in sets:
-                    for q in ids:
-                        if q not in mine:
-                            seen[q] = min(seen.get(q, p.page_id), p.page_id)
+                for rs in sets:
+                    for r in rs:
+                        if r not in own:
+                            seen[r] = min(seen.get(r, p.page_id), p.page_id)
         # The members of a URL's set: their state is read afresh (a kept version may have
         # been replaced since this instance cached it)
-        fresh = {q for p, sets, prior, any_read in zip(probes, members, priors, hit, strict=True)
-                 if p.url_key and prior is None and any_read for q in sets[-1] if q not in mine}
-        states = self._peek(seen, flag=register, fresh=fresh)
+        fresh = {r for p, sets, prior, any_read in zip(probes, refs, priors, hit, strict=True)
+                 if p.url_key and prior is None and any_read for r in sets[-1] if r not in own}
+        by_ref, ids = self._peek(seen, flag=register, fresh=fresh)
         if register:
             self._sweep([k for k, h in zip(keys, hit, strict=True) if h],
-                        [m for m, h in zip(members, hit, strict=True) if h], states, mine)
+                        [m for m, h in zip(refs, hit, strict=True) if h], by_ref, own)
+        # From here on, pages by id (a ref whose page is gone names nothing)
+        ids.update(own)
+        members = [[sorted({ids[r] for r in rs if r in ids}) if rs else _EMPTY for rs in sets]
+                   for sets in refs]
+        states = {ids[r]: state for r, state in by_ref.items() if r in ids}
+        mine = {p.page_id for p in probes}
         out: list[Answer] = []
         need: dict[int, None] = {}
         waiting = set()
@@ -286,9 +299,22 @@ class RedisIndex(ScriptClient):
             key = self.layout.record_key(p.page_id)
             items.append((nodes[p.page_id % SHARDS], key, (key, self.expire_at(p.page_id)), 1))
         with self._call("register"):
-            found = self._rounds(("register", items, (LEASE_MS,)))[0]
+            found = self._rounds(("register", items,
+                                  (LEASE_MS, self.layout.record_buckets)))[0]
+        for p, (_, _, ref) in zip(probes, found, strict=True):
+            self._know(p.page_id, ref)
         return [decode_decision(record, p.page_id) if record else None
-                for p, (_, record) in zip(probes, found, strict=True)]
+                for p, (_, record, _) in zip(probes, found, strict=True)]
+
+    def _know(self, page_id: int, ref: bytes) -> None:
+        _remember(self._refs, page_id, ref, CACHED_REFS)
+
+    def _finally(self, page_id: int, state: str, ref: bytes | None = None) -> None:
+        """Remember a page's final state (if its ref is known)."""
+        ref = ref or self._refs.get(page_id)
+        if ref is not None:
+            _remember(self._final, int.from_bytes(ref, "big"), (state, page_id),
+                      CACHED_STATES)
 
     def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
               priors: list[Any], joined: Mapping[bytes, int] | None
@@ -321,7 +347,7 @@ class RedisIndex(ScriptClient):
             by_node: dict[Any, list[int]] = {}
             for k, shard in enumerate(page_shards):
                 by_node.setdefault(nodes[shard], []).append(k)
-            member, at = id_bytes(p.page_id), self.expire_at(p.page_id)
+            member, at = self._refs[p.page_id], self.expire_at(p.page_id)
             for node, ks in by_node.items():
                 node_keys = [page_keys[k] for k in ks]
                 items.append((node, node_keys[0], (member, at, len(ks), *node_keys), len(ks)))
@@ -351,27 +377,35 @@ class RedisIndex(ScriptClient):
                 hit[page] = True
         return out, hit
 
-    def _peek(self, seen: Mapping[int, int], flag: bool,
-              fresh: Collection[int] = ()) -> dict[int, str]:
-        """The state of each page seen (flagging a younger pending one, with `flag`); of
-        those in `fresh` a cached KEEP is read again (it may have become R since)."""
-        states = {q: s for q in seen if (s := self._final.get(q)) is not None
-                  and not (s == "K" and q in fresh)}
-        ask = [q for q in seen if q not in states]
+    def _peek(self, seen: Mapping[int, int], flag: bool, fresh: Collection[int] = ()
+              ) -> tuple[dict[int, str], dict[int, int]]:
+        """The state and the page id of each page seen, by ref (flagging a younger pending
+        one, with `flag`: younger than the page of `seen` that saw it); of those in `fresh`
+        a cached KEEP is read again (it may have become R since)."""
+        states: dict[int, str] = {}
+        ids: dict[int, int] = {}
+        for r in seen:
+            cached = self._final.get(r)
+            if cached is not None and not (cached[0] == "K" and r in fresh):
+                states[r], ids[r] = cached
+        ask = [r for r in seen if r not in states]
         if not ask:
-            return states
+            return states, ids
         nodes = self._shard_nodes()
         items = []
-        for q in ask:
-            key = self.layout.record_key(q)
-            items.append((nodes[q % SHARDS], key, (key, 1 if flag and q > seen[q] else 0), 1))
+        for r in ask:
+            key = self.layout.ref_key(r)
+            items.append((nodes[r % SHARDS], key, (key, id_bytes(seen[r]) if flag else b""), 1))
         with self._call("peek"):
-            replies = self._rounds(("peek", items, ()))[0]
-        for q, r in zip(ask, replies, strict=True):
-            state = states[q] = r.decode() if isinstance(r, bytes) else str(r)
-            if state in ("K", "D", "R"):
-                _remember(self._final, q, state, CACHED_STATES)
-        return states
+            replies = self._rounds(("peek", items, (self.layout.record_buckets,)))[0]
+        for r, (state, page) in zip(ask, replies, strict=True):
+            state = states[r] = state.decode() if isinstance(state, bytes) else str(state)
+            if page:
+                q = ids[r] = int.from_bytes(page, "big")
+                self._know(q, r.to_bytes(REF_BYTES, "big"))
+                if state in ("K", "D", "R"):
+                    _remember(self._final, r, (state, q), CACHED_STATES)
+        return states, ids
 
     def _wait(self, waiting: set[int]) -> None:
         """Pages waiting for an older page decided elsewhere: back off a little (they are
@@ -389,11 +423,11 @@ class RedisIndex(ScriptClient):
         time.sleep(min(0.5, 0.01 + waited / 8))
 
     def _sweep(self, keys: list[list[bytes]], members: list[list[list[int]]],
-               states: Mapping[int, str], mine: set[int]) -> None:
+               states: Mapping[int, str], mine: Collection[int]) -> None:
         """Members of other batches that will never count again leave their sets: drops
         whose own leaving failed, and pages past their lease (an instance that died; one
         that did not joins again when it asks again). Not an absent record: it may be a
-        page whose keys were written before its record, in the same round."""
+        page whose keys were written before its record, in the same round. (By ref.)"""
         gone: dict[int, dict[bytes, None]] = {}
         for page_keys, sets in zip(keys, members, strict=True):
             for key, ids in zip(page_keys, sets, strict=True):
@@ -402,9 +436,9 @@ class RedisIndex(ScriptClient):
                         gone.setdefault(q, {})[key] = None
         if gone:
             with self._call("sweep"):
-                self._rounds(("leave", [item for q, q_keys in gone.items()
-                                        for item in self._leave(id_bytes(q), list(q_keys))],
-                              ()))
+                self._rounds(("leave", [item for q, q_keys in gone.items() for item in
+                                        self._leave(q.to_bytes(REF_BYTES, "big"),
+                                                    list(q_keys))], ()))
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
         docs = {h: self._records[h] for h in handles if h in self._records}
@@ -424,7 +458,8 @@ class RedisIndex(ScriptClient):
                 replies = self._rounds(("records", items, ()))[0]
         for h, raw in zip(ask, replies, strict=True):
             if raw is None:  # gone (retention) since its state was read
-                self._final.pop(h, None)
+                if (ref := self._refs.get(h)) is not None:
+                    self._final.pop(int.from_bytes(ref, "big"), None)
             else:
                 docs[h] = decode_doc(raw, h)
                 _remember(self._records, h, docs[h], CACHED_RECORDS)
@@ -483,17 +518,19 @@ class RedisIndex(ScriptClient):
             items.append((nodes[c.probe.page_id % SHARDS], key, (
                 key, b"D" if c.doc is None else b"K", encode_decision(c.decision), doc), 1))
         with self._call("claim"):
-            replies = self._rounds(("finish", items, ()), ("leave", leave, ()))[0]
+            replies = self._rounds(("finish", items, (self.listpack_value,)),
+                                   ("leave", leave, ()))[0]
         leave, unkept = [], []
         for i, reply in zip(which, replies, strict=True):
             c = claims[i]
             won[i] = reply in (b"ok", "ok")
             if won[i]:
-                _remember(self._final, c.probe.page_id, "D" if c.doc is None else "K",
-                          CACHED_STATES)
-                if c.doc is None:  # a dropped page leaves its keys (it reads as DROP)
-                    leave += self._leave(id_bytes(c.probe.page_id),
-                                         *self.layout.probe_shards(c.probe))
+                self._finally(c.probe.page_id, "D" if c.doc is None else "K")
+                if c.doc is None:  # a dropped page leaves its keys (it reads as DROP; its
+                    # ref forgotten, which a batch never is: readers' sweeps take it out)
+                    ref = self._refs.get(c.probe.page_id)
+                    if ref is not None:
+                        leave += self._leave(ref, *self.layout.probe_shards(c.probe))
                     if c.probe.page_id in self._unkept:
                         unkept.append(c.probe.page_id)
                 else:
@@ -513,20 +550,31 @@ class RedisIndex(ScriptClient):
     def _retire(self, versions: list[tuple[int, Probe | None]], leave: list[Any],
                 count: int) -> None:
         """One round trip: each version's record KEEP -> R (its verification record in the
-        index's Redis deleted with it) and its id leaves its keys; also `leave` (drops
+        index's Redis deleted with it) and its ref leaves its keys; also `leave` (drops
         leaving theirs) and the count of pages held by `count`. Then the records store
         forgets theirs (best effort) and the caches do."""
         nodes = self._shard_nodes()
         items = []
+        unknown: list[tuple[int, Probe]] = []  # versions whose refs this instance forgot
         for q, probe in versions:
             key = self.layout.record_key(q)
             items.append((nodes[q % SHARDS], key, (key,), 1))
             if probe is not None:
-                leave = leave + self._leave(id_bytes(q), *self.layout.probe_shards(probe))
+                ref = self._refs.get(q)
+                if ref is None:
+                    unknown.append((q, probe))
+                else:
+                    leave = leave + self._leave(ref, *self.layout.probe_shards(probe))
         with self._call("claim"):
-            self._rounds(("leave", leave, ()), ("retire", items, ()), count=count)
+            found = self._rounds(("leave", leave, ()), ("retire", items, ()), count=count)[1]
+        refs = {q: ref for (q, _), (_, ref) in zip(versions, found, strict=True) if ref}
+        later = [item for q, probe in unknown if q in refs
+                 for item in self._leave(refs[q], *self.layout.probe_shards(probe))]
+        if later:  # (their records give their refs: one more round trip, rarely)
+            with self._call("claim"):
+                self._rounds(("leave", later, ()))
         for q, _ in versions:
-            _remember(self._final, q, "R", CACHED_STATES)
+            self._finally(q, "R", refs.get(q))
             self._records.pop(q, None)
         self._forget_docs([q for q, _ in versions])
 

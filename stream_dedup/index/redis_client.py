@@ -1,6 +1,6 @@
 """The Redis index's transport: connecting (cluster or single), and a round of the protocol
 as one pipelined round trip of script calls, one call per node (redis.py holds the protocol,
-redis_layout.py the scripts)."""
+redis_scripts.py the scripts)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
-from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SCRIPTS, SHARDS, STAMP
+from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SHARDS, STAMP
+from .redis_scripts import SCRIPTS
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -74,6 +75,7 @@ class ScriptClient:
         self.observe: Observe = observe or (lambda op, s, failed: None)
         self.client = client if client is not None else connect(url)
         self.records: Any = None  # another store for the verification records (redis.py)
+        self.listpack_value = LISTPACK_VALUE  # (_check_config)
         self.round_trips = 0  # pipelined round trips so far
         self._nodes_of: tuple[Any, list[Any]] = (None, [])  # slot map, shard -> node
         self._sha = {name: hashlib.sha1(src.encode()).hexdigest() for name, src in SCRIPTS.items()}
@@ -175,7 +177,9 @@ class ScriptClient:
             why = (f"built with other sketch parameters (stamp {stamp:#x}, these settings "
                    f"give {wanted:#x}): features would not be comparable")
         elif (shards, layout) != (SHARDS, FORMAT):
-            why = f"laid out by another version (shards {shards}, format {layout})"
+            why = (f"laid out by another version (shards {shards}, format {layout}; this "
+                   f"version's is {FORMAT}): it cannot read it (no migration: start this "
+                   "version on an empty Redis, and let the old index go with retention)")
         else:
             why = (f"made with --redis-buckets {rest[0] if rest else '?'} (these settings "
                    f"give {buckets}): every instance must use the same")
@@ -183,12 +187,14 @@ class ScriptClient:
                                  "settings and version, or another Redis.")
 
     def _check_config(self) -> None:
-        """Warn about settings that lose pages (eviction) or cost much more memory."""
+        """Warn about settings that lose pages (eviction) or cost much more memory; learn
+        how long a record may be and stay in its bucket's listpack (`listpack_value`)."""
+        self.listpack_value = LISTPACK_VALUE  # Redis's default, if CONFIG is not allowed
         try:
             config = self.client.config_get("maxmemory-policy")
             config.update(self.client.config_get("hash-max-listpack-*"))
             entries = int(config.get("hash-max-listpack-entries", LISTPACK_ENTRIES))
-            value = int(config.get("hash-max-listpack-value", LISTPACK_VALUE))
+            self.listpack_value = int(config.get("hash-max-listpack-value", LISTPACK_VALUE))
         except (RedisError, RedisClusterException, ValueError):
             return  # CONFIG is often disabled on managed Redis: nothing to say
         policy = config.get("maxmemory-policy", "noeviction")
@@ -197,12 +203,11 @@ class ScriptClient:
                         "forget pages and decisions silently; set noeviction, so a full "
                         "index fails writes (the batch waits, /readyz says so)", self.url,
                         policy)
-        if entries < LISTPACK_ENTRIES or value < LISTPACK_VALUE:
-            log.warning("Redis at %s has hash-max-listpack-entries %d and "
-                        "hash-max-listpack-value %d: a bucket of the index with more fields "
-                        "or a longer one is stored as a hash table, 2-3 times larger; set "
-                        "them to %d and %d (deploy/redis-local does)", self.url, entries,
-                        value, LISTPACK_ENTRIES, LISTPACK_VALUE)
+        if entries < LISTPACK_ENTRIES:
+            log.warning("Redis at %s has hash-max-listpack-entries %d: a bucket of the "
+                        "index's records with more records is stored as a hash table, 2-3 "
+                        "times larger; set it to %d at least (Redis's default)", self.url,
+                        entries, LISTPACK_ENTRIES)
 
     def ping(self) -> bool:
         """Does every primary answer now (/readyz)?"""

@@ -1,28 +1,43 @@
-"""What the Redis index stores, and where: key names, record encodings and the scripts that
-run on the server (redis.py holds the client side of the protocol).
+"""What the Redis index stores, and where: key names and record encodings (the scripts
+that run on the server: redis_scripts.py; the client side of the protocol: redis.py).
 
 Ids are 13 bytes, big-endian `models.position_id`, so ids sort by time. Every key carries one
 of SHARDS hash tags, `{n}`, from its fingerprint, feature or page id, so that a cluster
 spreads the index evenly over its nodes (a round of the protocol is one script call per node).
-Nothing is a key of its own per page but the verification record: a Redis key costs ~100
-bytes of overhead, so the index's entries are *fields* of bucket hashes, `buckets` per hash
-tag (fixed when the index is made), each a compact listpack of a few dozen fields:
+Nothing is a key of its own per page but the verification record: a Redis key costs ~70-100
+bytes of overhead, so a page's entries are parts of *bucket* keys, a fixed number per hash
+tag (from `buckets`, fixed when the index is made):
 
-    {n}S<bucket>  hash; field <feature> (8 bytes), or r/c/u + <raw/canonical fp, URL key>
-                  (9): the ids of the pages that have it, sorted (a page's "key": a set
-                  of ids; the URL's: its kept version, and pages of it being decided)
+    {n}S<bucket>  string: the sets of the features, band keys and containment keys: entries
+                  of <field (3 bytes)><id (13)>, or with retention <field><id><expiry (4)>;
+                  a key's entries are adjacent, in id order (a page's "key": a set of ids)
+    {n}X<bucket>  string: the same for raw and canonical fingerprints and URL keys, with
+                  7-byte fields (the URL's set: its kept version, and pages of it being
+                  decided)
     {n}P<bucket>  hash; field <id>: the page's state and expiry, then its lease or (final)
-                  its decision (see _COMMON); R: a kept version a newer one replaced
+                  its decision (see redis_scripts._RECORD); R: a kept version a newer one
+                  replaced
     {n}D<id>      string: a kept page's verification record (encode_doc), ~730 bytes; in
                   the index's Redis or in a records store (redis.py)
     stream-dedup:stamp  "<sketch stamp>:<SHARDS>:<FORMAT>:<buckets>"
     stream-dedup:pages  pages kept
 
-The client names an entry by one *key* string, `{n}S<bucket, 3 bytes><field>` (or P), which
-a script splits in two; its hash tag routes it like any key. With retention an entry
-carries its own expiry (Redis 7.0 cannot expire a hash's fields): one past it reads as
-absent, leaves when its field is written, and a bucket drops all of its own at most every
-SWEEP_S (its field `~` holds when next); a bucket expires with its newest entry.
+A set bucket is a plain string, not a hash: a hash stays a compact listpack only up to
+`hash-max-listpack-entries` fields (128 by default) of `hash-max-listpack-value` bytes (64),
+past which it costs 2-3 times as much, and a listpack spends 2-3 bytes a field and a value
+on their lengths. A string has neither limit: a bucket costs its entries, ~16 bytes each,
+whatever the server's settings. The bucket and hash tag of an entry hold 10 + log2(buckets)
+bits of its 64-bit key, so the field holds only the next bits: 24 for a feature (41 bits of
+it in all at 128 buckets: two of a bucket's ~100 keys at 1M pages look alike with
+probability ~6e-6 a key looked up; the memory index compares 32 bits), and all of them for
+a fingerprint or a URL key (exact: a match there is a decision).
+
+The client names an entry by one *key* string, `{n}S<bucket, 3 bytes><field>` (or X, P),
+which a script splits in two; its hash tag routes it like any key. With retention an entry
+carries its own expiry (Redis 7.0 cannot expire a hash's fields or part of a string): one
+past it reads as absent, leaves when its set is written, and a bucket drops all of its own
+at most every SWEEP_S (a set bucket's header, a record bucket's field `~`, holds when next);
+a bucket expires with its newest entry.
 """
 
 from __future__ import annotations
@@ -37,16 +52,29 @@ from ..models import Contained, Decision, DuplicateOf, Previous
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
+# A page's ref: its hash tag's count of pages registered there when it was, times SHARDS,
+# plus the tag (2**38 pages a tag before it wraps)
+REF_BYTES = 6
 # Keys are spread over SHARDS hash tags, so a cluster can spread the index evenly over up
 # to ~SHARDS / 10 primaries. Part of the layout: every instance must agree (it is stored
 # with the stamp, with the buckets).
 SHARDS = 1024
-FORMAT = 5  # 4: records carry the shingle set (exact verification); 5: keys and URL key
-BUCKETS = 128  # set buckets per hash tag by default: ~60 fields each at 1M pages held
-RECORD_BUCKETS_PER = 8  # a page has 8 set entries (13 with band keys) and one record
-# A bucket stays a compact listpack (~25 bytes a field) only up to so many fields of at most
-# so many bytes (Redis settings: deploy/redis-local sets these; a warning if lower)
-LISTPACK_ENTRIES, LISTPACK_VALUE = 512, 1024
+# 4: records carry the shingle set (exact verification); 5: keys and URL key; 6: set buckets
+# are strings of fixed-width entries of 3-byte (7) fields and refs, not ids
+FORMAT = 6
+BUCKETS = 128  # feature buckets per hash tag by default: ~100 entries each at 1M pages held
+# A page has 13 feature entries (6 features, 5 band keys, 2 containment keys), 3 exact ones
+# (raw, canonical, URL), a record and a ref entry: fewer buckets of the others, and so many
+# that record and ref buckets hold ~30 each at 1M pages held (Redis's default listpack
+# holds up to 128: to ~4M pages held with the default buckets)
+EXACT_BUCKETS_PER, RECORD_BUCKETS_PER = 4, 4
+FEATURE_FIELD, EXACT_FIELD = 3, 7  # bytes of a set entry's field
+# Redis's defaults: a hash stays a compact listpack (~2 bytes a field or value besides its
+# bytes) only up to so many fields of at most so many bytes. The record and ref buckets hold
+# ~60 fields at 1M pages held (a warning if the server allows fewer); a record longer than
+# the server allows (most drops': the decision names a page and its URL) keeps its
+# decision in a key of its own. The set buckets are strings: no limit.
+LISTPACK_ENTRIES, LISTPACK_VALUE = 128, 64
 SWEEP_S = 3600  # with retention, how often a bucket drops the entries past their time
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 # raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, URL
@@ -56,370 +84,44 @@ _DOC_HEAD = struct.Struct("<QQIHIIQHB")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
 _JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps builds one per call)
 
-# Every script works on many entries of ONE node: a round of the protocol is one pipelined
-# call per node (not per key, nor per hash tag). A cluster lets a script declare keys of
-# one slot only, so the entries travel in ARGV, each followed by its values (a fixed number
-# per script), and KEYS[1], one of them, only routes the call; the flag lets the script
-# touch keys of every slot the node serves (a slot that moved meanwhile fails the call:
-# the batch is tried again once the client knows the new owner).
-_FLAGS = "#!lua flags=allow-cross-slot-keys\n"
-_COMMON = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local nows = tonumber(t[1])
-local function split(k)  -- an entry's key: its bucket, its field
-  local c = string.find(k, '}', 1, true)
-  return string.sub(k, 1, c + 4), string.sub(k, c + 5)
-end
-local function u32(s, p)
-  local a, b, c, d = string.byte(s, p, p + 3)
-  return ((a * 256 + b) * 256 + c) * 256 + d
-end
-local function be32(n)
-  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
-                     math.floor(n / 256) % 256, n % 256)
-end
-local function older(a, b)  -- ids a < b, byte by byte (string '<' follows the locale)
-  for i = 1, 13 do
-    local x, y = string.byte(a, i), string.byte(b, i)
-    if x ~= y then return x < y end
-  end
-  return false
-end
--- A set entry's value: 'n' then 13-byte ids, or 'e' then ids each with its expiry (4 bytes,
--- epoch s, 0: never), in id order. Returns the ids and expiries not past their time.
-local function members(v)
-  local ids, exps = {}, {}
-  if not v then return ids, exps end
-  local w = string.byte(v, 1) == 101 and 17 or 13
-  for p = 2, #v, w do
-    local e = w == 17 and u32(v, p + 13) or 0
-    if e == 0 or e >= nows then
-      ids[#ids + 1] = string.sub(v, p, p + 12)
-      exps[#exps + 1] = e
-    end
-  end
-  return ids, exps
-end
-local function packed(ids, exps)
-  local timed = false
-  for i = 1, #exps do
-    if exps[i] ~= 0 then timed = true break end
-  end
-  local parts = {timed and 'e' or 'n'}
-  for i = 1, #ids do
-    parts[#parts + 1] = ids[i]
-    if timed then parts[#parts + 1] = be32(exps[i]) end
-  end
-  return table.concat(parts)
-end
-local function store(bucket, field, ids, exps)
-  if #ids == 0 then
-    redis.call('HDEL', bucket, field)
-  else
-    redis.call('HSET', bucket, field, packed(ids, exps))
-  end
-end
--- A record's value: state ('P', 'K', 'D' or 'R'), its expiry (4 bytes), then for P the
--- lease's end (ms, decimal) and 'f' if flagged, for K, D and R the decision (R: a kept
--- version of a URL that a newer one replaced; final, like D).
-local function record(v)  -- false when absent or past its time
-  if not v then return false end
-  local e = u32(v, 2)
-  if e ~= 0 and e < nows then return false end
-  return v
-end
-local function expire(bucket, at)  -- a bucket lives as long as its newest entry
-  redis.call('EXPIREAT', bucket, at, 'NX')
-  redis.call('EXPIREAT', bucket, at, 'GT')
-end
-local swept = {}
-local function sweep(bucket, is_record)  -- drop every entry past its time, every SWEEP_S
-  if swept[bucket] then return end
-  swept[bucket] = true
-  local due = redis.call('HGET', bucket, '~')
-  if due and tonumber(due) > nows then return end
-  local all = redis.call('HGETALL', bucket)
-  for i = 1, #all, 2 do
-    local f, v = all[i], all[i + 1]
-    if f ~= '~' then
-      if is_record then
-        if not record(v) then redis.call('HDEL', bucket, f) end
-      else
-        local ids, exps = members(v)
-        if #ids * (string.byte(v, 1) == 101 and 17 or 13) + 1 ~= #v then
-          store(bucket, f, ids, exps)
-        end
-      end
-    end
-  end
-  redis.call('HSET', bucket, '~', tostring(nows + SWEEP_S))
-end
-"""
-
-# Sets. ARGV: how many members to read of a feature (its newest) and of an exact layer (its
-# oldest) besides the batch's own members of the key; how many keys have other than 1 of
-# those, then each such key and its number; then per page: its member, its expiry (epoch s,
-# '0' none), how many of its keys follow, the keys. A feature keeps its newest 2 x (read +
-# own) members (older ones are never read). Returns, for each key that holds members other
-# than the call's own (its pages'), the page's number in the call, the key's number among
-# the page's keys (both from 1), and the members read, the call's own among them; nothing
-# for the other keys (most: new keys).
-_JOIN = _FLAGS + _COMMON + """
-local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
-local mine, i = {}, 4
-for _ = 1, tonumber(ARGV[3]) do
-  mine[ARGV[i]] = tonumber(ARGV[i + 1])
-  i = i + 2
-end
-local ours, first, n = {}, i, #ARGV
-while i <= n do
-  ours[ARGV[i]] = true
-  i = i + 3 + tonumber(ARGV[i + 2])
-end
-local out, page = {}, 0
-i = first
-while i <= n do
-  local m, at, last = ARGV[i], tonumber(ARGV[i + 1]), i + 2 + tonumber(ARGV[i + 2])
-  page = page + 1
-  for j = i + 3, last do
-    local key = ARGV[j]
-    local bucket, field = split(key)
-    -- Most keys are new: then it holds only this page (one search of the bucket)
-    if redis.call('HSETNX', bucket, field, at == 0 and 'n' .. m or 'e' .. m .. be32(at)) == 0 then
-      local ids, exps = members(redis.call('HGET', bucket, field))
-      local x = #ids + 1
-      while x > 1 and not older(ids[x - 1], m) do x = x - 1 end
-      if ids[x] == m then
-        exps[x] = at
-      else
-        table.insert(ids, x, m)
-        table.insert(exps, x, at)
-      end
-      local feature, own = #field == 8, mine[key] or 1
-      for _ = 1, #ids - (feature and 2 * (nf + own) or #ids) do
-        table.remove(ids, 1)
-        table.remove(exps, 1)
-      end
-      store(bucket, field, ids, exps)
-      if #ids > 1 then
-        local read = {}
-        if feature then
-          for y = math.max(1, #ids - nf - own + 1), #ids do read[#read + 1] = ids[y] end
-        else
-          for y = 1, math.min(#ids, nx + own) do read[#read + 1] = ids[y] end
-        end
-        for _, q in ipairs(read) do
-          if not ours[q] then
-            out[#out + 1] = page
-            out[#out + 1] = j - i - 2
-            out[#out + 1] = read
-            break
-          end
-        end
-      end
-    end
-    if at ~= 0 then
-      expire(bucket, at)
-      sweep(bucket, false)
-    end
-  end
-  i = last + 1
-end
-return out
-"""
-
-# Sets. ARGV: how many members to read of a feature (its newest) and of an exact layer
-# (its oldest, as _JOIN), then the keys. Returns per key the members read.
-_READ = _FLAGS + _COMMON + """
-local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
-local out = {}
-for i = 3, #ARGV do
-  local bucket, field = split(ARGV[i])
-  local ids = members(redis.call('HGET', bucket, field))
-  local read = {}
-  if #field == 8 then
-    for x = math.max(1, #ids - nf + 1), #ids do read[#read + 1] = ids[x] end
-  else
-    for x = 1, math.min(#ids, nx) do read[#read + 1] = ids[x] end
-  end
-  out[#out + 1] = read
-end
-return out
-"""
-
-# Sets; per member that leaves (a dropped page): the member, how many keys follow, the keys.
-_LEAVE = _FLAGS + _COMMON + """
-local i = 1
-while i <= #ARGV do
-  local m, last = ARGV[i], i + 1 + tonumber(ARGV[i + 1])
-  for j = i + 2, last do
-    local bucket, field = split(ARGV[j])
-    local v = redis.call('HGET', bucket, field)
-    if v then
-      local ids, exps = members(v)
-      for x = #ids, 1, -1 do
-        if ids[x] == m then
-          table.remove(ids, x)
-          table.remove(exps, x)
-        end
-      end
-      store(bucket, field, ids, exps)
-    end
-  end
-  i = last + 1
-end
-return 0
-"""
-
-# Records. ARGV: the lease (ms), then per key: the key, its expiry (epoch s, '0' none).
-# Absent, or PENDING (an attempt that did not finish): PENDING again with a new lease.
-# Returns per key the state found and the decision if it is final.
-_REGISTER = _FLAGS + _COMMON + """
-local lease = tostring(now + tonumber(ARGV[1]))
-local out = {}
-for i = 2, #ARGV, 2 do
-  local bucket, field = split(ARGV[i])
-  local at = tonumber(ARGV[i + 1])
-  local pending = 'P' .. be32(at) .. lease
-  local found = redis.call('HSETNX', bucket, field, pending) == 0  -- (most: absent, now PENDING)
-  local v = found and record(redis.call('HGET', bucket, field))
-  local s = v and string.sub(v, 1, 1) or ''
-  if s == 'K' or s == 'D' or s == 'R' then
-    out[#out + 1] = {s, string.sub(v, 6)}
-  else
-    if found then  -- pending (a flag stays: it must read again before it may be kept), or gone
-      redis.call('HSET', bucket, field, pending .. (v and string.sub(v, -1) == 'f' and 'f' or ''))
-    end
-    if at ~= 0 then
-      expire(bucket, at)
-      sweep(bucket, true)
-    end
-    out[#out + 1] = {s, false}
-  end
-end
-return out
-"""
-
-# Records of other pages; per key: '1' to flag it if it is PENDING (a page older than it
-# saw it and goes on as if it were not there). Returns per key "K", "D", "R", "P" (pending
-# within its lease), "X" (pending past its lease: its instance died) or "" (absent: gone,
-# or its record not written yet though its keys are).
-_PEEK = _FLAGS + _COMMON + """
-local out = {}
-for i = 1, #ARGV, 2 do
-  local bucket, field = split(ARGV[i])
-  local v = record(redis.call('HGET', bucket, field))
-  local c = v and string.sub(v, 1, 1) or ''
-  if c == 'P' then
-    local flagged = string.sub(v, -1) == 'f'
-    if tonumber(string.sub(v, 6, flagged and -2 or -1)) < now then
-      c = 'X'
-    elseif ARGV[i + 1] == '1' and not flagged then
-      redis.call('HSET', bucket, field, v .. 'f')
-    end
-  end
-  out[#out + 1] = c
-end
-return out
-"""
-
-# Records; per key: state (K or D), decision, verification record ('' for a drop). Only
-# from PENDING within the lease and unflagged; a flag is cleared (read again). The
-# verification record is written in the same call, on the same node (same hash tag).
-# Returns per key "ok", "flagged", "late" or the state found.
-_FINISH = _FLAGS + _COMMON + """
-local out = {}
-for i = 1, #ARGV, 4 do
-  local key = ARGV[i]
-  local bucket, field = split(key)
-  local v = record(redis.call('HGET', bucket, field))
-  if not v or string.sub(v, 1, 1) ~= 'P' then
-    out[#out + 1] = v and string.sub(v, 1, 1) or ''
-  else
-    local flagged = string.sub(v, -1) == 'f'
-    if tonumber(string.sub(v, 6, flagged and -2 or -1)) < now then
-      out[#out + 1] = 'late'
-    elseif flagged then
-      redis.call('HSET', bucket, field, string.sub(v, 1, -2))
-      out[#out + 1] = 'flagged'
-    else
-      local expiry = string.sub(v, 2, 5)
-      redis.call('HSET', bucket, field, ARGV[i + 1] .. expiry .. ARGV[i + 2])
-      if ARGV[i + 3] ~= '' then
-        local doc = string.sub(key, 1, string.find(key, '}', 1, true)) .. 'D' .. field
-        local at = u32(expiry, 1)
-        if at == 0 then
-          redis.call('SET', doc, ARGV[i + 3])
-        else
-          redis.call('SET', doc, ARGV[i + 3], 'EXAT', at)
-        end
-      end
-      out[#out + 1] = 'ok'
-    end
-  end
-end
-return out
-"""
-
-# Records of kept versions a newer version of their URL replaced: KEEP -> R (the decision
-# stays, for re-deliveries), and the verification record in the index's Redis goes in the
-# same call (same hash tag). Returns per key "ok", or the state found (R: done before).
-_RETIRE = _FLAGS + _COMMON + """
-local out = {}
-for i = 1, #ARGV do
-  local key = ARGV[i]
-  local bucket, field = split(key)
-  local v = record(redis.call('HGET', bucket, field))
-  if v and string.sub(v, 1, 1) == 'K' then
-    redis.call('HSET', bucket, field, 'R' .. string.sub(v, 2))
-    redis.call('DEL', string.sub(key, 1, string.find(key, '}', 1, true)) .. 'D' .. field)
-    out[#out + 1] = 'ok'
-  else
-    out[#out + 1] = v and string.sub(v, 1, 1) or ''
-  end
-end
-return out
-"""
-
-# Records; the verification record of each (false: gone).
-_RECORDS = _FLAGS + """
-local out = {}
-for i = 1, #ARGV do
-  local key = ARGV[i]
-  local c = string.find(key, '}', 1, true)
-  out[i] = redis.call('GET', string.sub(key, 1, c) .. 'D' .. string.sub(key, c + 5))
-end
-return out
-"""
-
-SCRIPTS = {name: src.replace("SWEEP_S", str(SWEEP_S)) for name, src in {
-    "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS}.items()}
-
 
 def id_bytes(page_id: int) -> bytes:
     return page_id.to_bytes(ID_BYTES, "big")
 
 
 _TAGS = [b"{%d}" % shard for shard in range(SHARDS)]
-_SETS, _RECS = [tag + b"S" for tag in _TAGS], [tag + b"P" for tag in _TAGS]
+_SETS, _EXACT, _RECS, _REFS = ([tag + letter for tag in _TAGS]
+                               for letter in (b"S", b"X", b"P", b"Q"))
+# An exact entry's field: its kind in the top 2 bits of 56, then its key's bits above the
+# bucket's (at most 54)
+_KINDS = {b"r": 1 << 54, b"c": 2 << 54, b"u": 3 << 54}
+_FEATURE_MASK = (1 << 8 * FEATURE_FIELD) - 1
 _RAW, _CANONICAL, _URL = b"r", b"c", b"u"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where each entry lives, for an index of `buckets` set buckets per hash tag."""
+    """Where each entry lives, for an index of `buckets` feature buckets per hash tag."""
 
     buckets: int = BUCKETS
+
+    @property
+    def exact_buckets(self) -> int:
+        return max(1, self.buckets // EXACT_BUCKETS_PER)
 
     @property
     def record_buckets(self) -> int:
         return max(1, self.buckets // RECORD_BUCKETS_PER)
 
     def record_key(self, page_id: int) -> bytes:
-        bucket = (page_id // SHARDS) % self.record_buckets
+        # (of the id's low 32 bits: a script finds the bucket from the id's bytes)
+        bucket = ((page_id & 0xFFFFFFFF) // SHARDS) % self.record_buckets
         return _RECS[page_id % SHARDS] + bucket.to_bytes(3, "big") + id_bytes(page_id)
+
+    def ref_key(self, ref: int) -> bytes:
+        """The entry that holds the id of the page `ref` names (in the page's hash tag)."""
+        bucket = (ref // SHARDS) % self.record_buckets
+        return _REFS[ref % SHARDS] + bucket.to_bytes(3, "big") + ref.to_bytes(REF_BYTES, "big")
 
     @staticmethod
     def doc_key(page_id: int) -> bytes:
@@ -427,10 +129,16 @@ class Layout:
         return _TAGS[page_id % SHARDS] + b"D" + id_bytes(page_id)
 
     def set_key(self, kind: bytes, value: int) -> bytes:
-        """The entry of a raw (r) or canonical (c) fingerprint, or a feature (b"")."""
-        # (the hash tag's shard, a bucket number of 3 bytes, the field)
-        bucket = (value // SHARDS) % self.buckets
-        return _SETS[value % SHARDS] + bucket.to_bytes(3, "big") + kind + value.to_bytes(8, "big")
+        """The entry of a raw (r) or canonical (c) fingerprint, a URL key (u), or a feature
+        (b""): the hash tag's shard, a bucket number of 3 bytes, the field."""
+        rest = value // SHARDS
+        if not kind:
+            bucket, field = rest % self.buckets, (rest // self.buckets) & _FEATURE_MASK
+            return (_SETS[value % SHARDS] + bucket.to_bytes(3, "big")
+                    + field.to_bytes(FEATURE_FIELD, "big"))
+        n = self.exact_buckets
+        return (_EXACT[value % SHARDS] + (rest % n).to_bytes(3, "big")
+                + (_KINDS[kind] | rest // n).to_bytes(EXACT_FIELD, "big"))
 
     def probe_shards(self, p: Probe) -> tuple[list[bytes], list[int]]:
         """The entries a page joins (raw, canonical if it has text, one per feature, its
@@ -449,6 +157,24 @@ class Layout:
             kinds.append(_URL)
         keys = [self.set_key(k, v) for k, v in zip(kinds, values, strict=True)]
         return keys, [v % SHARDS for v in values]
+
+
+def set_members(bucket: bytes | None, key: bytes) -> dict[int, int]:
+    """The members (refs) of the set of entry `key` in its bucket's value (as GET gives
+    it), each with its expiry (epoch s, 0: none): what the scripts read (tests)."""
+    if not bucket:
+        return {}
+    field = key[key.index(b"}") + 5 :]
+    head, width = (5, len(field) + REF_BYTES + 4) if bucket[:1] == b"e" else \
+        (1, len(field) + REF_BYTES)
+    out = {}
+    for p in range(head, len(bucket), width):
+        if bucket[p : p + len(field)] == field:
+            q = p + len(field)
+            expiry = int.from_bytes(bucket[q + REF_BYTES : q + REF_BYTES + 4], "big") \
+                if head == 5 else 0
+            out[int.from_bytes(bucket[q : q + REF_BYTES], "big")] = expiry
+    return out
 
 
 def encode_doc(doc: StoredDoc) -> bytes:

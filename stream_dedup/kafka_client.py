@@ -118,11 +118,14 @@ def send_now(producer: AIOKafkaProducer) -> None:
     accumulator = getattr(producer, "_message_accumulator", None)
     if accumulator is None:
         return
-    for batches in accumulator._batches.values():
-        for batch in batches:
-            batch._builder.close()  # no more records in it: ready, whatever its age
-    if not accumulator._waiter_future.done():
-        accumulator._waiter_future.set_result(None)  # the sender looks again now
+    try:  # aiokafka's internals: another version may lay them out otherwise (then: linger)
+        for batches in accumulator._batches.values():
+            for batch in batches:
+                batch._builder.close()  # no more records in it: ready, whatever its age
+        if not accumulator._waiter_future.done():
+            accumulator._waiter_future.set_result(None)  # the sender looks again now
+    except AttributeError:
+        return
 
 
 async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float) -> None:

@@ -91,8 +91,8 @@ _PRINTING = re.compile(rb"[^\x00-\x20]")
 # --- pages ----------------------------------------------------------------------------------
 
 
-def corpus_bodies() -> list[tuple[bytes, str]]:
-    """(body, content type) of the corpus's distinct HTML responses of 1-64 kB whose text
+def corpus_bodies(max_bytes: int = 65536) -> list[tuple[bytes, str]]:
+    """(body, content type) of the corpus's distinct HTML responses of 1 kB-max_bytes whose text
     is mostly ASCII letters (at least 1,000 of them: permuting them makes a new page), in
     order."""
     seen: set[bytes] = set()
@@ -102,7 +102,7 @@ def corpus_bodies() -> list[tuple[bytes, str]]:
         digest = hashlib.sha1(p.body).digest()
         text = b"".join(m[1] for m in _TEXT.finditer(p.body))
         letters = len(_LETTER.findall(text))
-        if (1000 <= len(p.body) <= 65536 and digest not in seen and letters >= 1000
+        if (1000 <= len(p.body) <= max_bytes and digest not in seen and letters >= 1000
                 and letters >= 0.6 * len(_PRINTING.findall(text))):
             seen.add(digest)
             ctype = next((v for k, v in p.headers if k.lower() == "content-type"), "text/html")
@@ -342,6 +342,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rates", default="300,800", metavar="LIST", help="pages/s offered")
     ap.add_argument("--kinds", default=",".join(KINDS), metavar="LIST", help=", ".join(KINDS))
+    ap.add_argument("--max-kb", type=float, default=64,
+                    help="largest corpus body used, kB (64; smaller pages cost less to decide)")
     ap.add_argument("--seconds", type=float, default=8.0, help="each rate's window (8)")
     ap.add_argument("--warm-pages", type=int, default=100, metavar="N",
                     help="pages decided before the window (100)")
@@ -378,9 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         rev = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h %cd",
                               "--date=iso"], capture_output=True, text=True).stdout.strip()
         print(f"- {name}: {path} ({rev})")
-    bodies = corpus_bodies()
+    bodies = corpus_bodies(int(args.max_kb * 1024))
     mean_kb = sum(len(b) for b, _ in bodies) / len(bodies) / 1e3
-    print(f"- pages: {len(bodies)} distinct corpus bodies of 1-64 kB, text mostly ASCII "
+    print(f"- pages: {len(bodies)} distinct corpus bodies of 1-{args.max_kb:g} kB, text mostly ASCII "
           f"letters (mean {mean_kb:.1f} kB), letters permuted per page; serve --workers "
           f"{args.workers}; logs in {logs}")
     broker = Broker(None, args.bootstrap) if args.bootstrap else Broker.start(work / "kafka")

@@ -382,9 +382,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {name}: {path} ({rev})")
     bodies = corpus_bodies(int(args.max_kb * 1024))
     mean_kb = sum(len(b) for b, _ in bodies) / len(bodies) / 1e3
-    print(f"- pages: {len(bodies)} distinct corpus bodies of 1-{args.max_kb:g} kB, text mostly ASCII "
-          f"letters (mean {mean_kb:.1f} kB), letters permuted per page; serve --workers "
-          f"{args.workers}; logs in {logs}")
+    print(f"- pages: {len(bodies)} distinct corpus bodies of 1-{args.max_kb:g} kB, text "
+          f"mostly ASCII letters (mean {mean_kb:.1f} kB), letters permuted per page; "
+          f"serve --workers {args.workers}; logs in {logs}")
     broker = Broker(None, args.bootstrap) if args.bootstrap else Broker.start(work / "kafka")
     print(f"- broker: {broker.bootstrap}\n", flush=True)
     ctx = Context(broker, args, bodies, codes, logs, uuid.uuid4().hex[:6])

@@ -5,9 +5,10 @@ The ceiling is what any filter of these pages has to do at least: FastWARC reads
 records (gunzip, WARC and HTTP headers, content-coded bodies decoded: `auto_decode=
 "content"`, without which a gzip or brotli body has no text to take; "all" would also undo
 chunking, but stops at the corpus's records that say chunked and are not), and selectolax
-(lexbor) parses each HTML response and takes its visible text (`body.text()`). No fingerprints, no shingles, no index, no output. Ours is the product as
-a user runs it: `python -m stream_dedup replay FILE --workers 1 -o /dev/null -q`, one
-decision a page written (to /dev/null).
+(lexbor) parses each HTML response and takes its visible text (`body.text()`). No
+fingerprints, no shingles, no index, no output. Ours is the product as a user runs it:
+`python -m stream_dedup replay FILE --workers 1 -o /dev/null -q`, one decision a page
+written (to /dev/null).
 
 Both are whole processes, pinned to the same core (`taskset -c`), alternated over the
 rounds. The figure is ceiling CPU seconds ÷ ours (user + system of the child, so a busy

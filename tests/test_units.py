@@ -19,12 +19,12 @@ from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 
 from stream_dedup import Settings, workers
 from stream_dedup import replay as replay_module
-from stream_dedup.analysis import AnalysisPool, Analyzer
+from stream_dedup.analysis import AnalysisPool, Analyzer, raw_fingerprint
 from stream_dedup.models import Page, Rejected
 from stream_dedup.replay import replay
 from stream_dedup.sample import build, write_sample
 from stream_dedup.sinks import MemorySink
-from stream_dedup.sources import parts, units
+from stream_dedup.sources import parts, unit_read, units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.warc import SourceStats
 
@@ -374,7 +374,7 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
     analyze = Analyzer.analyze
 
     def counting(self: Analyzer, page: Page) -> object:
-        analysed.append(units.raw_fingerprint(page.body))
+        analysed.append(raw_fingerprint(page.body))
         return analyze(self, page)
 
     monkeypatch.setattr(Analyzer, "analyze", counting)
@@ -409,8 +409,8 @@ def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker remembers analyses of bodies it read, with their shingle sets (up to 256 KB
     each): the oldest go first past REMEMBERED entries or REMEMBERED_BYTES of sets."""
-    monkeypatch.setattr(units, "REMEMBERED", 3)
-    monkeypatch.setattr(units, "REMEMBERED_BYTES", 100)
+    monkeypatch.setattr(unit_read, "REMEMBERED", 3)
+    monkeypatch.setattr(unit_read, "REMEMBERED_BYTES", 100)
     memo = units.Memo()
     for fp in range(4):
         memo.put(fp, (fp, b"x" * 10))

@@ -32,6 +32,8 @@ seen before in the same process is not analysed again (its analysis is copied): 
 calling thread skips exact copies of stored pages, and a worker should not do more.
 A worker that dies breaks the pool: the units it held are read again (here, or by new
 processes), so no page is lost and none comes twice.
+
+This module schedules the units; unit_read.py plans them and reads one (here or in a worker).
 """
 
 from __future__ import annotations
@@ -39,27 +41,35 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import mmap
 import os
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer
+from stream_dedup.analysis import Analyzer
 from stream_dedup.decide import Analysis
 from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
-from stream_dedup.sources.files import Input, plan_inputs
-from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range
-from stream_dedup.sources.parts import Chain, Cut, PartEnd, plan_parts, read_part, read_rest
-from stream_dedup.sources.warc import ArchiveFormat, SourceStats, iter_archive
-from stream_dedup.verdicts import warc_digest
+from stream_dedup.sources.parts import Chain, Cut
+from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
+    UNIT_BYTES,
+    Memo,
+    Packed,
+    Row,
+    Unit,
+    UnitResult,
+    _size,
+    _with_sources,
+    _worker_read,
+    merge_stats,
+    plan_units,
+    read_unit,
+    unpack,
+)
+from stream_dedup.sources.warc import SourceStats
 
 if TYPE_CHECKING:
     from stream_dedup.analysis import AnalysisPool
@@ -67,11 +77,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("stream_dedup.replay")
 
-# A plain JSONL file is cut into ranges of about this many bytes (at line ends), an archive
-# into parts of about as many (at records): small enough that the two ends of a replay
-# meet within a fraction of a second, large enough that a unit's fixed cost (a future, a
-# pipe round trip, planning) stays small.
-UNIT_BYTES = 1 << 20
 # Units planned ahead of the one due (submitted, done here, or waiting), at most so many
 # and so many bytes of input (at least one unit): their results wait in memory until
 # decided. Enough that this process finds a unit to read while the one due is still being
@@ -90,316 +95,7 @@ QUEUED_PER_PROCESS = 6
 # process until decided, and an archive that is one gzip stream is one unit however large
 # (a 1 GB WARC: ~100,000 pages).
 QUEUED_BYTES_PER_PROCESS = 32 << 20
-# Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
-# so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
-REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
 
-
-class Memo:
-    """Analyses (rows) by body fingerprint; when full, the least recently used go first."""
-
-    def __init__(self) -> None:
-        self.rows: OrderedDict[int, Row] = OrderedDict()
-        self.bytes = 0  # of shingle sets held
-
-    def get(self, fp: int) -> Row | None:
-        row = self.rows.get(fp)
-        if row is not None:
-            self.rows.move_to_end(fp)
-        return row
-
-    def put(self, fp: int, row: Row) -> None:
-        self.rows[fp] = row
-        self.bytes += len(row[-1])
-        while len(self.rows) > REMEMBERED or self.bytes > REMEMBERED_BYTES:
-            self.bytes -= len(self.rows.popitem(last=False)[1][-1])
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """A file; the lines of a plain JSONL file starting in bytes [start, end); the records
-    of an archive starting there (parts.py); or an archive's rest, read in one piece."""
-
-    path: Path
-    name: str
-    kind: str  # "archive", "jsonl" (a whole file), "jsonl-range", "archive-part", "archive-rest"
-    start: int = 0
-    end: int = 0
-    first_line: int = 1
-    size: int = 0  # bytes of input (what its result in memory grows with)
-    fmt: ArchiveFormat | None = None  # an archive part or rest
-    last: bool = False  # an archive part that reads to the end of the file
-    skip: int = 0  # an archive rest: records its reader drops (accepted in parts before)
-
-
-@dataclass(slots=True)
-class UnitResult:
-    items: list[Page | Rejected]
-    analyses: list[Analysis | None]
-    stats: SourceStats = field(default_factory=SourceStats)
-    end: PartEnd | None = None  # an archive part or rest: its records' ordinals, its end
-
-
-def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
-               unit_bytes: int = UNIT_BYTES) -> Iterator[Unit | Rejected]:
-    """The inputs as units, in input order; an unreadable input as its Rejected (counted
-    in `stats`, as FileSource counts it)."""
-    for planned in plan_inputs(paths, stats):
-        if isinstance(planned, Rejected):
-            yield planned
-        elif planned.kind == "archive":
-            yield from _archive_units(planned, stats, unit_bytes)
-        else:
-            yield from _jsonl_units(planned, unit_bytes)
-
-
-def _archive_units(planned: Input, stats: SourceStats, unit_bytes: int) -> Iterator[Unit]:
-    """An archive whole, or in parts of about `unit_bytes` (parts.py); a part that starts
-    the file does not count it (the file is counted here)."""
-    whole = Unit(planned.path, planned.name, "archive", size=_size(planned.path))
-    try:
-        fmt, cuts = plan_parts(planned.path, unit_bytes, stats.unsplit)
-        cut = next(cuts)
-    except (OSError, ValueError):
-        yield whole  # its reader says why
-        return
-    if fmt is None or cut.last:
-        yield whole
-        return
-    stats.files += 1
-    while True:
-        yield Unit(planned.path, planned.name, "archive-part", cut.start, cut.end,
-                   size=cut.end - cut.start, fmt=fmt, last=cut.last)
-        if cut.last:
-            return
-        cut = next(cuts)
-
-
-def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
-    """A gzipped JSONL file whole; a plain one in ranges cut after a newline, each with
-    the number of its first line (iter_jsonl counts every line, blank ones too). The lines
-    are found in a map of the file, not read: ~3 µs a 27 KB line."""
-    whole = Unit(planned.path, planned.name, "jsonl", size=_size(planned.path))
-    try:
-        with open(planned.path, "rb") as fh:
-            gzipped = fh.read(2) == b"\x1f\x8b"
-            size = os.fstat(fh.fileno()).st_size
-            view = None if gzipped or size == 0 else mmap.mmap(fh.fileno(), 0,
-                                                                access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        view = None
-        gzipped = True  # its reader reports why it cannot be read
-    if gzipped or view is None:
-        yield whole
-        return
-    with view:
-        start, line, at, lines = 0, 1, 0, 0
-        while at < size:
-            nl = view.find(b"\n", at)
-            at = size if nl < 0 else nl + 1
-            lines += 1
-            if at - start >= unit_bytes or at >= size:
-                yield Unit(planned.path, planned.name, "jsonl-range", start, at, line,
-                           at - start)
-                start, line, lines = at, line + lines, 0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0  # its reader says why
-
-
-def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
-              tick: Callable[[], None] | None = None) -> UnitResult:
-    """The unit's items (what FileSource reads there), each page's analysis, and the
-    readers' counts. `tick` is called after each page."""
-    out = UnitResult([], [], end=_part_end(unit))
-    for item in _items(unit, out.stats, out.end):
-        if isinstance(item, Rejected):
-            out.items.append(item)
-            out.analyses.append(None)
-            continue
-        out.items.append(item)
-        *row, tops = _row(item, analyzer, memo)
-        out.analyses.append(Analysis(item, *row, shingles=tops))
-        if tick is not None:
-            tick()
-    return out
-
-
-def _part_end(unit: Unit) -> PartEnd | None:
-    return PartEnd() if unit.kind in ("archive-part", "archive-rest") else None
-
-
-def _items(unit: Unit, stats: SourceStats, end: PartEnd | None) -> Iterator[Page | Rejected]:
-    """The unit's items; an archive part's or rest's without sources (`end` gets their
-    ordinals in the file, counted from the unit's first record)."""
-    if unit.kind == "archive":
-        items = iter_archive(unit.path, stats, name=unit.name)
-    elif unit.kind in ("archive-part", "archive-rest"):
-        assert unit.fmt is not None and end is not None
-        items = (read_part(unit.path, unit.fmt, Cut(unit.start, unit.end, unit.last), stats,
-                           end) if unit.kind == "archive-part"
-                 else read_rest(unit.path, unit.fmt, unit.start, unit.skip, stats, end))
-    elif unit.kind == "jsonl":
-        items = iter_jsonl(unit.path, stats, name=unit.name)
-    else:
-        items = iter_jsonl_range(unit.path, unit.start, unit.end, unit.first_line, stats,
-                                 name=unit.name)
-    for item in items:
-        if isinstance(item, Rejected) and item.kind == "unreadable-file":
-            stats.unreadable.append(item.message)
-        yield item
-
-
-# An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,
-# features, ld_signature, error, canonical_s, sketch_s, shingles).
-Row = tuple[Any, ...]
-
-
-def _row(page: Page, analyzer: Analyzer, memo: Memo) -> Row:
-    fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
-    seen = memo.get(fp) if page.revisit is None else None  # a revisit has no body to share
-    if seen is not None:
-        return seen
-    a = analyzer.analyze(page)
-    row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
-           a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
-    if page.revisit is None:
-        memo.put(fp, row)  # not the page: its body is ~90 KB
-    return row
-
-
-@dataclass(slots=True)
-class Packed:
-    """A unit's result as a worker sends it: no Page or Analysis objects, no bodies, the
-    sketches and features of all its pages in one buffer each (pickling each page's
-    objects cost ~18 µs a page there and ~20 here; this, a few)."""
-
-    items: list[Rejected | tuple[Any, ...]]  # a page: (url, headers, fetched_at, status,
-    #                          source, position, body bytes, payload digest, revisit)
-    rows: list[Row | None]  # sketch True (in `sketches`, features in `features`) or None
-    sketches: bytes
-    features: bytes
-    sketch_dtype: str
-    sketch_width: int
-    stats: SourceStats
-    end: PartEnd | None = None
-
-
-_MEMO = Memo()  # a worker process's
-_DIGESTS: OrderedDict[int, str] = OrderedDict()  # a worker process's, by raw fingerprint
-
-
-def _digest(fp: int, body: bytes) -> str:
-    """warc_digest(body), not computed again for a copy (5.6 % of a worker's time on a
-    WARC of 11 copies of the corpus's pages)."""
-    digest = _DIGESTS.get(fp)
-    if digest is None:
-        digest = _DIGESTS[fp] = warc_digest(body)
-        if len(_DIGESTS) > REMEMBERED:
-            _DIGESTS.popitem(last=False)
-    return digest
-
-
-def _worker_read(unit: Unit) -> Packed:
-    """In a worker process: the unit read and analysed, packed."""
-    analyzer = worker_analyzer()
-    stats = SourceStats()
-    end = _part_end(unit)
-    items: list[Rejected | tuple[Any, ...]] = []
-    rows: list[Row | None] = []
-    sketches: list[np.ndarray] = []
-    features: list[np.ndarray] = []
-    for item in _items(unit, stats, end):
-        if isinstance(item, Rejected):
-            items.append(item)
-            rows.append(None)
-            continue
-        row = _row(item, analyzer, _MEMO)
-        # The body stays here: the digest an unchanged page's decision reports (decide.py,
-        # computed from the body when the crawler gave none) goes with the page. 2.3 % of
-        # the analysis time of the corpus's pages (416 of 854 came without one).
-        digest = item.payload_digest
-        if digest is None and item.body and item.revisit is None:
-            digest = _digest(row[0], item.body)
-        items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
-                      item.position, len(item.body), digest, item.revisit))
-        if row[4] is not None:  # in the buffers: marked True
-            sketches.append(row[4])
-            features.append(row[5])
-            row = (*row[:4], True, None, *row[6:])
-        rows.append(row)
-    sk = np.concatenate(sketches) if sketches else np.zeros(0, np.uint32)
-    width = sketches[0].shape[0] if sketches else 0
-    ft = np.concatenate(features) if features else np.zeros(0, np.uint64)
-    return Packed(items, rows, sk.tobytes(), ft.tobytes(), sk.dtype.str, width, stats, end)
-
-
-def unpack(packed: Packed, sources: list[str] | None = None) -> UnitResult:
-    """A worker's result as items (pages without bodies) and their analyses; with
-    `sources`, each item's (an archive part's items come without)."""
-    out = UnitResult([], [], packed.stats, packed.end)
-    sketches = np.frombuffer(packed.sketches, packed.sketch_dtype)
-    features = np.frombuffer(packed.features, np.uint64)
-    if packed.sketch_width:
-        sketches = sketches.reshape(-1, packed.sketch_width)
-        features = features.reshape(sketches.shape[0], -1)
-    k = 0
-    for i, (item, row) in enumerate(zip(packed.items, packed.rows, strict=True)):
-        if row is None:
-            assert isinstance(item, Rejected)
-            out.items.append(item if sources is None
-                             else dataclasses.replace(item, source=sources[i]))
-            out.analyses.append(None)
-            continue
-        assert isinstance(item, tuple)
-        url, headers, fetched_at, status, source, position, size, digest, revisit = item
-        if sources is not None:
-            source = sources[i]
-        page = Page(url, b"", headers, fetched_at, status, source, position, digest, revisit)
-        raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s, tops = row
-        if sk is True:
-            sk, ft = sketches[k], features[k]
-            k += 1
-        out.items.append(page)
-        out.analyses.append(Analysis(page, raw_fp, canonical_fp, text_length, shingle_count,
-                                     sk, ft, sig, error, c_s, s_s, size, tops))
-    return out
-
-
-def _with_sources(result: UnitResult, sources: list[str]) -> UnitResult:
-    """An archive part read here, each item with its source (its pages keep their bodies).
-    Built field by field: dataclasses.replace costs ~10 µs a page, twice."""
-    out = UnitResult([], [], result.stats, result.end)
-    for item, a, source in zip(result.items, result.analyses, sources, strict=True):
-        if isinstance(item, Rejected) or a is None:
-            out.items.append(dataclasses.replace(item, source=source))
-            out.analyses.append(None)
-            continue
-        page = Page(item.url, item.body, item.headers, item.fetched_at, item.status, source,
-                    item.position, item.payload_digest, item.revisit)
-        out.items.append(page)
-        out.analyses.append(Analysis(page, a.raw_fp, a.canonical_fp, a.text_length,
-                                     a.shingle_count, a.sketch, a.features, a.ld_signature,
-                                     a.error, a.canonical_s, a.sketch_s, a.body_bytes,
-                                     a.shingles))
-    return out
-
-
-def merge_stats(into: SourceStats, more: SourceStats) -> None:
-    into.files += more.files
-    into.records += more.records
-    into.pages += more.pages
-    into.non_2xx += more.non_2xx
-    into.revisits += more.revisits
-    into.skipped.update(more.skipped)
-    into.rejected.update(more.rejected)
-    into.unreadable.extend(more.unreadable)
-    into.repeated.extend(more.repeated)
-    into.unsplit.extend(more.unsplit)
 
 
 class _Stopped(Exception):

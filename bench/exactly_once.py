@@ -62,11 +62,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import math
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -93,6 +91,7 @@ from kafkabench import (  # noqa: E402
     produce_all,
     quarter,
     spread,
+    workdir,
 )
 from throughput import create_topics, delete_topics  # noqa: E402
 
@@ -408,12 +407,7 @@ def run_phase(ctx: Context, mode: str, rnd: int, test: str) -> Result:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # The reader assigns a topic made a moment ago: aiokafka warns until its metadata and
-    # leader are there, and retries; nothing the figures depend on.
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    work = Path(tempfile.mkdtemp(prefix="stream-dedup-eobench-"))
-    logs = args.logs or work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    work, logs = workdir("stream-dedup-eobench-", args.logs)
     print(header("## exactly-once against at-least-once (bench/exactly_once.py)"))
     need = max(args.backlog, args.warm_pages + round(max(args.rate_list, default=0) * args.seconds))
     started = time.perf_counter()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import random
@@ -18,6 +19,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import Counter
@@ -397,3 +399,14 @@ def spread(values: Sequence[float], fmt: str = "{:.0f}") -> str:
     if len(values) == 1:
         return fmt.format(values[0])
     return f"{fmt.format(med(values))} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def workdir(prefix: str, logs: Path | None) -> tuple[Path, Path]:
+    """A new temporary directory for a run and its service logs (`logs`, if given), made.
+    aiokafka's warnings are silenced: a reader that assigns a topic made a moment ago warns
+    until the topic's metadata and leader are there, and retries; no figure depends on it."""
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    logs = logs or work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return work, logs

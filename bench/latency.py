@@ -45,14 +45,12 @@ import asyncio
 import base64
 import hashlib
 import json
-import logging
 import math
 import random
 import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -76,6 +74,7 @@ from kafkabench import (
     produce_all,
     quarter,
     spread,
+    workdir,
 )
 from throughput import create_topics, delete_topics
 
@@ -365,10 +364,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
-    work = Path(tempfile.mkdtemp(prefix="stream-dedup-latency-"))
-    logs = args.logs or work / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    work, logs = workdir("stream-dedup-latency-", args.logs)
     started = time.perf_counter()
     print(header("## page-to-decision latency through Kafka (bench/latency.py)"))
     codes = {"this": REPO}

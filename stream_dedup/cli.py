@@ -62,6 +62,11 @@ message formats (--input-format):
         status, headers); key ignored
   html  value = the HTML bytes; key = the URL; Kafka headers content-type, fetched-at,
         status carry the metadata
+  scrapy-cluster  value = Scrapy Cluster's crawled_firehose JSON, as its KafkaPipeline
+        sends it (base64 bodies: add --json-fields body_b64=body)
+  any other JSON: --input-format json --json-fields url=link,html=content,status=code
+  stream-dedup serve --input-format scrapy-cluster --input-topic demo.crawled_firehose \\
+      --carry-fields crawlid,appid       # decisions then hold "carried": {"crawlid": ..}
 SIGTERM/SIGINT: stop fetching, finish and commit the batch in flight, exit 0.
 
 HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):

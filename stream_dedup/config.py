@@ -21,6 +21,12 @@ from .errors import ConfigError
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 ENV_PREFIX = "STREAM_DEDUP_"
+JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is JSON
+INPUT_FORMATS = (*JSON_FORMATS, "html")
+# The page fields a json_fields mapping may read from a message (sources/dialects.py)
+JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
+FieldPath = tuple[str, ...]  # "meta.url" -> ("meta", "url"): a field of a nested object
+_FIELD_NAME = re.compile(r"[^\s,=|]+")
 _PARAMS = Params()  # the defaults of what a feature means are Params' own
 
 
@@ -90,6 +96,13 @@ class Settings:
     dead_letter_topic: str = "pages-dead-letter"
     group_id: str = "stream-dedup"
     input_format: str = "json"  # json (the JSONL page schema) | html (value = HTML bytes)
+    #                             | scrapy-cluster (its crawled_firehose JSON)
+    # A JSON format's page fields read from other message fields (json_field_map), e.g.
+    # "url=link,html=content": a crawler's own JSON dialect without a translator
+    json_fields: str = ""
+    # Message fields (JSON formats) or Kafka headers (html) copied into each decision
+    # ("carried"), e.g. "crawlid,appid": "" carries nothing
+    carry_fields: str = ""
     batch_size: int = 500  # records decided, delivered and committed together (serve, replay)
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
@@ -182,8 +195,14 @@ class Settings:
             raise ConfigError(f"redis_buckets must be 1 to {1 << 24}, got {self.redis_buckets}")
         if self.retention_days < 0:
             raise ConfigError("retention_days must be >= 0")
-        if self.input_format not in ("json", "html"):
-            raise ConfigError(f"input_format must be json or html, got {self.input_format!r}")
+        if self.input_format not in INPUT_FORMATS:
+            raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got "
+                              f"{self.input_format!r}")
+        if self.json_fields and self.input_format not in JSON_FORMATS:
+            raise ConfigError(f"json_fields maps the fields of a JSON message; input_format "
+                              f"{self.input_format!r} is not JSON ({' or '.join(JSON_FORMATS)})")
+        json_field_map(self.json_fields)
+        carry_names(self.carry_fields)
         if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:
             raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
@@ -285,3 +304,43 @@ def _coerce(name: str, value: Any) -> Any:
         return str(value)
     except ValueError:
         raise ConfigError(f"setting {name} expects {kind}, got {value!r}") from None
+
+
+def json_field_map(text: str) -> dict[str, tuple[FieldPath, ...]]:
+    """A json_fields mapping as {page field: the message fields to try, first present wins}:
+    "url=response_url|url,html=body,fetched_at=meta.time" (a dot reads a nested object's
+    field). A ConfigError says what is wrong with it."""
+    out: dict[str, tuple[FieldPath, ...]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        page_field, eq, message_fields = (part.strip() for part in entry.partition("="))
+        if not eq:
+            raise ConfigError(f"json_fields: {entry!r} is not PAGE_FIELD=MESSAGE_FIELD "
+                              f"(e.g. url=response_url,html=body)")
+        if page_field not in JSON_PAGE_FIELDS:
+            raise ConfigError(f"json_fields: {page_field!r} is not a page field; the page "
+                              f"fields are {', '.join(JSON_PAGE_FIELDS)}")
+        if page_field in out:
+            raise ConfigError(f"json_fields: {page_field!r} is mapped twice (try fields in "
+                              f"turn with |, e.g. url=response_url|url)")
+        out[page_field] = tuple(_field_path(name, "json_fields")
+                                for name in message_fields.split("|"))
+    return out
+
+
+def carry_names(text: str) -> tuple[str, ...]:
+    """The carry_fields names, in order: message fields ("meta.id" a nested one) or, with
+    the html input format, Kafka header names. A ConfigError says what is wrong."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        _field_path(name, "carry_fields")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"carry_fields names a field twice: {text!r}")
+    return names
+
+
+def _field_path(name: str, setting: str) -> FieldPath:
+    path = tuple(name.strip().split("."))
+    if not all(_FIELD_NAME.fullmatch(part) for part in path):
+        raise ConfigError(f"{setting}: {name.strip()!r} is not a field name (a name, or "
+                          f"names joined by dots for a nested field)")
+    return path

@@ -55,6 +55,7 @@ from .metrics import Metrics
 from .models import Decision, Page, Rejected, position_id
 from .runner import STOP_GRACE_S, Abandoned, pause
 from .sinks.kafka import Message, Topics, as_record, messages_for
+from .sources.dialects import dialect_for
 from .sources.kafka import page_from_message, source_of
 
 log = logging.getLogger("stream_dedup.kafka")
@@ -115,6 +116,7 @@ class KafkaSource:
         self.metrics = metrics
         self.lock = asyncio.Lock()
         self.listener = _FinishBeforeRevoke(self)
+        self.dialect = dialect_for(settings)  # None: the plain json / html reading
         self._fetch_delay = 0.5
         # Re-forming the batch that was in flight when a persistent index last stopped:
         # its plan, the records held until the plan's ranges are all fetched, and the
@@ -205,6 +207,7 @@ class KafkaSource:
             source_of(record.topic, record.partition, record.offset),
             input_format=self.settings.input_format, max_bytes=self.settings.max_page_bytes,
             position=position_id(record.timestamp, record.partition, record.offset),
+            dialect=self.dialect,
         )
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:

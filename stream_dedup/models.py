@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 DecisionKind = Literal["keep", "drop", "reject"]
+Carried = tuple[tuple[str, Any], ...]
 
 # Reasons a `keep` or `drop` carries; a `reject` carries a PageError kind instead.
 UNIQUE = "unique"
@@ -56,6 +57,9 @@ class Page:
     payload_digest: str | None = None
     # A WARC revisit record: no body, decided against the version it refers to.
     revisit: Revisit | None = None
+    # The input's own identifiers to copy into its decision (--carry-fields), in order:
+    # (name, a JSON value); () for none
+    carried: Carried = ()
 
     def header(self, name: str) -> str | None:
         lname = name.lower()
@@ -87,6 +91,7 @@ class Rejected:
     message: str
     source: str | None = None
     raw: bytes | None = field(default=None, repr=False)
+    carried: Carried = ()  # as Page.carried, when the record could be read that far
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +147,12 @@ class Decision:
     # The page id of its cluster's kept page: its own (keep), its duplicate_of's (drop), its
     # URL's version's (unchanged, superseded); None for a reject
     cluster: int | None = None
+    # The input's fields named by --carry-fields, in that order (`carried` in the JSON,
+    # present only when some are)
+    carried: Carried = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "url": self.url,
             "decision": self.decision,
             "reason": self.reason,
@@ -172,6 +180,9 @@ class Decision:
                          for c in self.contains],
             "cluster": self.cluster,
         }
+        if self.carried:
+            out["carried"] = dict(self.carried)
+        return out
 
     def to_json(self) -> str:
         """One line of JSON, always valid UTF-8 when encoded: a lone surrogate that came in

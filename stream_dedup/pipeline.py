@@ -43,6 +43,18 @@ __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer
 MAX_ROUNDS = 50
 
 
+def _with_carried(items: Sequence[Page | Rejected], out: list[Decision | None]
+                  ) -> list[Decision]:
+    """The decisions, each with its item's carried fields (--carry-fields). Added here, at
+    the end, so that a decision remembered for a re-delivery or answered by a shared index
+    gets the fields of the record it answers now."""
+    decided = [d for d in out if d is not None]
+    for i, item in enumerate(items):
+        if item.carried:
+            decided[i] = replace(decided[i], carried=item.carried)
+    return decided
+
+
 def _probe(a: Analysis, page_id: int, url_key: int) -> Probe:
     """What a page asks the index: exact layers only unless it has features."""
     canonical = a.canonical_fp if a.text_length > 0 else None
@@ -198,7 +210,7 @@ class Deduplicator:
                               else given.body_bytes)
                     self._record(d, nbytes, t, remember.get(i))
             self.observer.batch(self.index)
-        return [d for d in out if d is not None]
+        return _with_carried(items, out)
 
     def _ids(self, pages: list[Page]) -> list[int]:
         """Each page's id: its input position, the id it had when its batch last failed,
@@ -390,7 +402,8 @@ class Deduplicator:
 
     # --- helpers ----------------------------------------------------------------------
     def _reject(self, item: Rejected, nbytes: int, times: StageTimes) -> Decision:
-        d = Decision(item.url, "reject", item.kind, error=item.message, source=item.source)
+        d = Decision(item.url, "reject", item.kind, error=item.message, source=item.source,
+                     carried=item.carried)
         with self.lock:
             return self._record(d, nbytes, times)
 

@@ -49,12 +49,22 @@ _HTML_TYPE = ("Content-Type", "text/html; charset=utf-8")
 
 def page_from_json(data: bytes | str, source: str | None = None) -> Page:
     """Build a Page from one JSON object (bytes or text); raises PageError if it is unusable."""
+    return page_from_object(json_object(data), source)
+
+
+def json_object(data: bytes | str) -> dict[str, Any]:
+    """One JSON object, parsed; a PageError (bad-json) if it is not one."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         obj = _json_loads(data)
     if not isinstance(obj, dict):
         raise PageError("bad-json", f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def page_from_object(obj: dict[str, Any], source: str | None = None) -> Page:
+    """`page_from_json` of the object already parsed."""
     url = obj.get("url")
     if not isinstance(url, str) or not url.strip():
         raise PageError("no-url", f"'url' must be a non-empty string, got {_short(url)}")

@@ -5,6 +5,8 @@ Two input formats:
   optional `fetched_at`, `status`, `headers`), exactly as in replay's JSONL files.
 - "html": the value is the raw HTML bytes, the key is the URL, and metadata travels in Kafka
   headers: `content-type`, `fetched-at`, `status` (any header is kept as an HTTP header).
+- "scrapy-cluster", or "json" with --json-fields: a crawler's own JSON (sources/dialects.py).
+With --carry-fields, `dialect` names the fields each page carries into its decision.
 
 A page's `source` is "topic/partition/offset": stable across re-deliveries.
 
@@ -19,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import PageError
-from ..models import Page, Rejected
+from ..models import Carried, Page, Rejected
+from .dialects import Dialect, too_large_error
 from .jsonl import page_from_json
 from .records import raw_header_key
 
@@ -39,9 +42,11 @@ def page_from_message(
     input_format: str,
     max_bytes: int,
     position: int | None = None,
+    dialect: Dialect | None = None,
 ) -> Page | Rejected:
     """One consumed record as a Page, or a Rejected that says why it is not one.
-    `position`: the record's page id (models.position_id)."""
+    `position`: the record's page id (models.position_id); `dialect`: dialects.dialect_for
+    the settings (None: the plain `json` or `html` reading)."""
     url = _text(key)
     bad = [name for name, _ in headers if not is_utf8(name)]
     if bad:
@@ -53,10 +58,19 @@ def page_from_message(
     if len(value) > max_bytes:
         return Rejected(url, "too-large",
                         f"{len(value)} bytes > max_page_bytes={max_bytes}", source, value)
+    carried: Carried = ()
     try:
+        if dialect is not None and dialect.json:
+            item = dialect.read(value, source, url)
+            return item if position is None or isinstance(item, Rejected) else replace(
+                item, position=position)
         if input_format == "json":
             page = page_from_json(value, source)
             return page if position is None else replace(page, position=position)
+        if dialect is not None:  # the carried fields are Kafka headers
+            carried, too_large = dialect.from_headers(headers)
+            if too_large is not None:
+                raise too_large_error(too_large)
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
         if "\ufffd" in url and key is not None:
@@ -74,9 +88,10 @@ def page_from_message(
             status=_status(meta.get("status")),
             source=source,
             position=position,
+            carried=carried,
         )
     except PageError as err:
-        return Rejected(url, err.kind, err.message, source, value)
+        return Rejected(url, err.kind, err.message, source, value, carried)
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -137,6 +137,59 @@ def test_html_input_with_a_bad_status_header(kafka_bootstrap: str, service) -> N
     assert [m["payload"].encode() for m in dead] == [html, GOOD[1].html.encode()]
 
 
+def _firehose(i: int, **change: Any) -> bytes:
+    """GOOD[i] as Scrapy Cluster's crawled_firehose message, with `change` applied."""
+    page = GOOD[i]
+    msg = {"url": page.url, "response_url": page.url, "status_code": 200, "status_msg": "OK",
+           "body": page.html, "encoding": "utf-8",
+           "response_headers": {"Content-Type": ["text/html; charset=utf-8"]},
+           "timestamp": "2026-01-01T00:00:00", "crawlid": f"c-{i}", "appid": "app",
+           "links": [], "attrs": None, **change}
+    return json.dumps({k: v for k, v in msg.items() if v is not ...}).encode()
+
+
+def test_bad_firehose_fields_are_dead_letters_of_their_own_kinds(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """--input-format scrapy-cluster: one poison of each kind a dialect adds, each between
+    two good pages; the rejects carry their crawlid too (but the one too large)."""
+    b, t = kafka_bootstrap, names("firehose")
+    create_topics(b, [t["input"]], partitions=1)
+    poisons = [
+        ("no-body", _firehose(40, body=...)),
+        ("bad-body", _firehose(41, body=["<p>a list</p>"])),
+        ("unknown-encoding", _firehose(42, encoding="klingon-8")),
+        ("bad-headers", _firehose(43, response_headers={"Content-Type": 5})),
+        ("bad-status", _firehose(44, status_code="two hundred")),
+        ("bad-timestamp", _firehose(45, timestamp={"at": 1})),
+        ("carried-too-large", _firehose(46, crawlid="c" * 5000)),
+    ]
+    goods = [14 + 2 * i for i in range(len(poisons) + 1)]  # kept, every one (sample pages)
+    for good, (_, value) in zip(goods, poisons, strict=False):
+        kcat_raw(b, t["input"], _firehose(good), b"")
+        kcat_raw(b, t["input"], value, b"")
+    kcat_raw(b, t["input"], _firehose(goods[-1]), b"")
+    total = 2 * len(poisons) + 1
+    svc = service(t, "--input-format", "scrapy-cluster", "--carry-fields", "crawlid",
+                  "--batch-size", "3")
+    wait_for("every record decided",
+             lambda: len(kcat_consume(b, t["decisions"])) >= total, timeout=120)
+    assert svc.proc.poll() is None, svc.text()[-3000:]  # still running
+    assert svc.stop() == 0
+    got = decisions_of(b, t["decisions"])
+    assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(total)]
+    assert [(d["decision"], d["reason"]) for d in got[1::2]] == [
+        ("reject", kind) for kind, _ in poisons]
+    assert [(d["decision"], d["carried"]) for d in got[0::2]] == [
+        ("keep", {"crawlid": f"c-{i}"}) for i in goods]
+    assert [d["carried"]["crawlid"] for d in got[1::2]] == [
+        f"c-{40 + i}" for i in range(len(poisons) - 1)] + [None]
+    assert all(d["url"] == GOOD[40 + i].url for i, d in enumerate(got[1::2]))
+    dead = kcat_consume(b, t["dead"])
+    assert [_headers(m)["stream-dedup-error"] for m in dead] == [k for k, _ in poisons]
+    assert [m["payload"].encode() for m in dead] == [v for _, v in poisons]
+    assert committed_and_end(b, t["input"], t["group"]) == (total, total)
+
+
 def test_a_non_retriable_error_stops_with_a_clear_message(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     """A compacted kept topic refuses a message without a key (the broker's
     InvalidRecordException, non-retriable): a configuration error, not a page's fault."""

@@ -59,6 +59,7 @@ from ..errors import PageError
 from ..models import Carried, Page, Rejected
 from .jsonl import _b64, _short, check_url, json_object, page_from_object
 
+_NUMBERS = (int, float)  # bool is an int
 CARRY_MAX_CHARS = 1024  # a carried value's JSON, at most
 _MS_FROM = 1e11  # a number timestamp this large or larger is in milliseconds
 _LAST_SECOND = 253402300799  # 9999-12-31T23:59:59Z: the last time ISO-8601 writes in 4 digits
@@ -89,7 +90,7 @@ class Dialect:
     carry: tuple[tuple[str, FieldPath], ...] = ()
 
     def read(self, value: bytes, source: str | None, key_url: str | None = None,
-             ) -> Page | Rejected:
+             position: int | None = None) -> Page | Rejected:
         """One message as a Page, or a Rejected (url: the message's, else `key_url`)."""
         url, carried = key_url, ()
         try:
@@ -98,11 +99,15 @@ class Dialect:
             if isinstance(found, str):
                 url = found.encode("utf-8", "replace").decode("utf-8")
             carried, too_large = self._carried(obj)
-            page = (page_from_object(obj, source) if self.fields is None
-                    else self._page(obj, source))
+            if self.fields is None:
+                page = page_from_object(obj, source)
+                page = Page(page.url, page.body, page.headers, page.fetched_at, page.status,
+                            source, position, carried=carried)
+            else:
+                page = self._page(obj, source, position, carried)
             if too_large is not None:
                 raise too_large_error(too_large)
-            return _with_carried(page, carried) if carried else page
+            return page
         except PageError as err:
             return Rejected(url, err.kind, err.message, source, value, carried)
 
@@ -129,7 +134,8 @@ class Dialect:
         assert self.fields is not None
         return " | ".join(".".join(p) for p in self.fields.get(page_field, ())) or "-"
 
-    def _page(self, obj: dict[str, Any], source: str | None) -> Page:
+    def _page(self, obj: dict[str, Any], source: str | None, position: int | None,
+              carried: Carried) -> Page:
         url = self._get(obj, "url")
         if not isinstance(url, str) or not url.strip():
             raise PageError("no-url", f"the URL, {self._named('url')!r}, must be a non-empty "
@@ -153,8 +159,8 @@ class Dialect:
                                             f"string, got {_short(html)}")
             body, codec = _encoded(html, codec or "utf-8")
             headers = _content_type(headers, codec)
-        return Page(url=url, body=body, headers=headers, fetched_at=self._time(obj),
-                    status=self._status(obj), source=source)
+        return Page(url, body, headers, self._time(obj), self._status(obj), source, position,
+                    carried=carried)
 
     def _codec(self, encoding: Any) -> str | None:
         """The decoder's codec for `encoding`; None: none given, or one only Python knows
@@ -176,28 +182,32 @@ class Dialect:
     def _headers(self, value: Any) -> tuple[tuple[str, str], ...]:
         if value is None:
             return ()
-        pairs: list[Any]
-        if isinstance(value, dict):
-            pairs = []
+        out: list[tuple[str, str]] = []
+        if isinstance(value, dict):  # {name: value or [values]}: JSON names are strings
             for name, values in value.items():
-                if isinstance(values, list):
-                    pairs += [(name, v) for v in values]
-                else:
-                    pairs.append((name, values))
-        elif isinstance(value, list):
-            pairs = value
+                if type(values) is str:
+                    out.append((name, values))
+                    continue
+                if type(values) is not list:
+                    raise self._bad_header([name, values])
+                for one in values:
+                    if type(one) is not str:
+                        raise self._bad_header([name, values])
+                    out.append((name, one))
+        elif isinstance(value, list):  # [[name, value], ...]
+            for pair in value:
+                if (type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str
+                        or type(pair[1]) is not str):
+                    raise self._bad_header(pair)
+                out.append((pair[0], pair[1]))
         else:
             raise PageError("bad-headers", f"{self._named('headers')!r} must be an object or "
                                            f"a list, got {_short(value)}")
-        out: list[tuple[str, str]] = []
-        for pair in pairs:
-            if (not isinstance(pair, list | tuple) or len(pair) != 2
-                    or not isinstance(pair[0], str) or not isinstance(pair[1], str)):
-                shown = _short(list(pair) if isinstance(pair, tuple) else pair)
-                raise PageError("bad-headers", f"{self._named('headers')!r}: a header must be "
-                                               f"a name and string values, got {shown}")
-            out.append((pair[0], pair[1]))
         return tuple(out)
+
+    def _bad_header(self, got: Any) -> PageError:
+        return PageError("bad-headers", f"{self._named('headers')!r}: a header must be a "
+                                        f"name and string values, got {_short(got)}")
 
     def _status(self, obj: dict[str, Any]) -> int | None:
         status = self._get(obj, "status")
@@ -215,7 +225,7 @@ class Dialect:
         when = self._get(obj, "fetched_at")
         if when is None or isinstance(when, str):
             return when
-        if isinstance(when, int | float) and not isinstance(when, bool) and math.isfinite(when):
+        if isinstance(when, _NUMBERS) and not isinstance(when, bool) and math.isfinite(when):
             seconds = when / 1000 if when >= _MS_FROM else when
             if 0 <= seconds <= _LAST_SECOND:
                 text = datetime.fromtimestamp(seconds, UTC).isoformat()
@@ -259,7 +269,7 @@ def _carry(values: list[tuple[str, Any]]) -> tuple[Carried, str | None]:
     too_large = None
     out = []
     for name, value in values:
-        if value is not None and not isinstance(value, bool | int | float) and _size(
+        if value is not None and not isinstance(value, _NUMBERS) and _size(
                 value) > CARRY_MAX_CHARS:
             too_large = too_large or name
             value = None
@@ -279,15 +289,12 @@ def too_large_error(name: str) -> PageError:
                                           f"identifiers, not content")
 
 
-def _with_carried(page: Page, carried: Carried) -> Page:
-    return Page(page.url, page.body, page.headers, page.fetched_at, page.status, page.source,
-                page.position, page.payload_digest, page.revisit, carried)
-
-
 def _encoded(text: str, codec: str) -> tuple[bytes, str]:
     """`text` as bytes in `codec`, if that is an ASCII-compatible web charset that holds
     it; else in UTF-8 (a lone surrogate, which JSON allows, becomes U+FFFD)."""
     if codec != "utf-8" and not codec.startswith("utf-16") and lookup_label(codec) == codec:
+        if text.isascii():  # the same bytes in every ASCII-compatible charset (and faster)
+            return text.encode("ascii"), codec
         try:
             return text.encode(codec), codec
         except UnicodeEncodeError:

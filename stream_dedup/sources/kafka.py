@@ -61,9 +61,7 @@ def page_from_message(
     carried: Carried = ()
     try:
         if dialect is not None and dialect.json:
-            item = dialect.read(value, source, url)
-            return item if position is None or isinstance(item, Rejected) else replace(
-                item, position=position)
+            return dialect.read(value, source, url, position)
         if input_format == "json":
             page = page_from_json(value, source)
             return page if position is None else replace(page, position=position)

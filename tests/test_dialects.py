@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stream_dedup import Settings
@@ -75,9 +75,11 @@ WEB_CHARSETS = ["utf-8", "cp1252", "iso-8859-2", "koi8-r", "cp1251", "gb18030", 
                 "euc-jp", "big5", "euc-kr", "windows-1256", "utf-16"]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.text(st.characters(exclude_categories=("Cs",)), max_size=60),
        st.sampled_from(WEB_CHARSETS))
+@example(text="¥", encoding="euc-jp")  # Python's encoder writes "\\" for it
+@example(text="Ã©", encoding="cp1252")  # its bytes are valid UTF-8 ("é")
 def test_the_decoder_reads_back_the_text_the_crawler_sent(text: str, encoding: str) -> None:
     """Whatever the charset, the analysis decodes exactly the body text of the message."""
     html = f"<html><body><p>{text}</p></body></html>"

@@ -28,8 +28,9 @@ Bytes. `html`/`body` is text the crawler already decoded, in `encoding` (UTF-8 w
 It is stored encoded in that charset again, which gives back the bytes the crawler fetched
 (so the exact layer matches a copy of the page read from a WARC file or sent raw), with a
 Content-Type naming that charset, so that the text the analysis decodes is the text sent. A
-text that charset cannot hold (a crawler's replacement characters), or a charset the
-decoder does not know as a web charset, is stored as UTF-8 and labelled so. A `body_b64`
+text that charset cannot hold (a crawler's replacement characters) or whose bytes the
+decoder would read as another text, or a charset the decoder does not know as a web
+charset, is stored as UTF-8 and labelled so. A `body_b64`
 keeps its bytes and headers; an `encoding` beside it becomes the Content-Type's charset.
 
 Carried fields (`--carry-fields`) are JSON values copied into the decision as they are,
@@ -54,7 +55,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..config import FieldPath, Settings, carry_names, json_field_map
-from ..core.decode import lookup_label
+from ..core.decode import decode_html, lookup_label
 from ..errors import PageError
 from ..models import Carried, Page, Rejected
 from .jsonl import _b64, _short, check_url, json_object, page_from_object
@@ -291,14 +292,20 @@ def too_large_error(name: str) -> PageError:
 
 def _encoded(text: str, codec: str) -> tuple[bytes, str]:
     """`text` as bytes in `codec`, if that is an ASCII-compatible web charset that holds
-    it; else in UTF-8 (a lone surrogate, which JSON allows, becomes U+FFFD)."""
+    it and the decoder reads those bytes as `text` again; else in UTF-8 (a lone surrogate,
+    which JSON allows, becomes U+FFFD). Checked by decoding: some encoders are lossy
+    (Python's euc_jp writes "¥" as "\\"), and the decoder reads bytes that are valid UTF-8
+    as UTF-8 whatever a single-byte label says."""
     if codec != "utf-8" and not codec.startswith("utf-16") and lookup_label(codec) == codec:
         if text.isascii():  # the same bytes in every ASCII-compatible charset (and faster)
             return text.encode("ascii"), codec
         try:
-            return text.encode(codec), codec
+            body = text.encode(codec)
         except UnicodeEncodeError:
             pass
+        else:
+            if decode_html(body, f"text/html; charset={codec}") == text:
+                return body, codec
     return text.encode("utf-8", "replace"), "utf-8"
 
 

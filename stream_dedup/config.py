@@ -25,6 +25,7 @@ JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is 
 INPUT_FORMATS = (*JSON_FORMATS, "html")
 # The page fields a json_fields mapping may read from a message (sources/dialects.py)
 JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
+MAX_CARRY_FIELDS = 32
 FieldPath = tuple[str, ...]  # "meta.url" -> ("meta", "url"): a field of a nested object
 _FIELD_NAME = re.compile(r"[^\s,=|]+")
 _PARAMS = Params()  # the defaults of what a feature means are Params' own
@@ -335,6 +336,11 @@ def carry_names(text: str) -> tuple[str, ...]:
         _field_path(name, "carry_fields")
     if len(set(names)) < len(names):
         raise ConfigError(f"carry_fields names a field twice: {text!r}")
+    if len(names) > MAX_CARRY_FIELDS:
+        # each value may be 1,024 characters: the decision then stays far below a topic's
+        # 1 MB message limit, as its reduced form must
+        raise ConfigError(f"carry_fields names {len(names)} fields; at most "
+                          f"{MAX_CARRY_FIELDS}")
     return names
 
 

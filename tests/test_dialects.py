@@ -182,6 +182,8 @@ def test_mappings_and_carried_names_as_parsed() -> None:
     assert carry_names("crawlid, appid,meta.id") == ("crawlid", "appid", "meta.id")
     with pytest.raises(ConfigError, match="twice"):
         Settings(carry_fields="a,a")
+    with pytest.raises(ConfigError, match="at most 32"):
+        Settings(carry_fields=",".join(f"f{i}" for i in range(33)))
     with pytest.raises(ConfigError, match="not JSON"):
         Settings(input_format="html", json_fields="url=link")
     with pytest.raises(ConfigError, match="scrapy-cluster"):

@@ -284,7 +284,7 @@ class Runner:
                               "reject", item.source)
                 items[i] = Rejected(item.url, "internal-error",
                                     f"deciding raised {type(exc).__name__}: {exc}"[:1000],
-                                    item.source, getattr(item, "body", None))
+                                    item.source, getattr(item, "body", None), item.carried)
                 decisions.append(self.dedup.reject(items[i]))
         return decisions
 

@@ -93,7 +93,8 @@ class Dialect:
     def read(self, value: bytes, source: str | None, key_url: str | None = None,
              position: int | None = None) -> Page | Rejected:
         """One message as a Page, or a Rejected (url: the message's, else `key_url`)."""
-        url, carried = key_url, ()
+        url: str | None = key_url
+        carried: Carried = ()
         try:
             obj = json_object(value)
             found = self._get(obj, "url") if self.fields is not None else obj.get("url")
@@ -118,8 +119,8 @@ class Dialect:
         by_name: dict[str, bytes] = {}
         for name, raw in headers:
             by_name.setdefault(name.lower(), raw)
-        return _carry([(name, None if (raw := by_name.get(name.lower())) is None
-                        else raw.decode("utf-8", "replace")) for name, _ in self.carry])
+        return _carry([(name, None if (value := by_name.get(name.lower())) is None
+                        else value.decode("utf-8", "replace")) for name, _ in self.carry])
 
     # --- the mapped dialects ---------------------------------------------------------
     def _get(self, obj: dict[str, Any], page_field: str) -> Any:

@@ -214,7 +214,7 @@ def test_the_last_parts_of_a_file_shrink_so_the_processes_end_together(
     sizes = [c.end - c.start for c in cuts]
     assert sum(sizes) == big_warc.stat().st_size and len(sizes) > 20
     tail = parts.TAPER * unit
-    early = [n for n, ends in zip(sizes, itertools.accumulate(sizes))
+    early = [n for n, ends in zip(sizes, itertools.accumulate(sizes), strict=True)
              if big_warc.stat().st_size - ends >= tail]
     assert min(early) >= unit and max(sizes[-6:]) < unit // 2
     assert min(sizes[:-1]) >= unit // parts.TAPER

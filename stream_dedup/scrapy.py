@@ -18,7 +18,8 @@ when Scrapy sniffed HTML):
               reject decision in meta
 Every outcome is counted in the crawl's stats: stream_dedup/keep/<reason>,
 stream_dedup/drop/<reason>, stream_dedup/reject/<kind>, stream_dedup/skipped/<why>,
-stream_dedup/error/<kind>.
+stream_dedup/error/<kind>; and stream_dedup/check_seconds, the time the checks took (for
+the service: from sending the page to its answer).
 
 Who decides: the library in this process (the default: `Deduplicator`, Settings from
 STREAM_DEDUP_CONFIG, the STREAM_DEDUP_* environment and STREAM_DEDUP_SETTINGS), or a running
@@ -139,10 +140,13 @@ class DedupMiddleware:
         page = self._page(response)
         if page is None:
             return response
+        started = time.perf_counter()
         try:
             decision = await self.checker.check(page)
         except StreamDedupError as exc:
             return self._failed(request, response, exc)
+        finally:
+            self.stats.inc_value("stream_dedup/check_seconds", time.perf_counter() - started)
         kind, reason = decision["decision"], decision["reason"]
         self.stats.inc_value(f"stream_dedup/{kind}/{reason}")
         # response.meta is request.meta, once the engine ties the two (after this chain)

@@ -6,6 +6,7 @@ by a real Scrapy spider in a subprocess (Twisted's reactor cannot start twice in
 
     python tests/scrapykit.py START_URL OUT_DIR [-s NAME=VALUE ...]
 
+(the middleware is on when DOWNLOADER_MIDDLEWARES says so: the tests pass the README's) and
 writes OUT_DIR/stats.json (the crawl's stats) and OUT_DIR/pages.jsonl (one line a page the
 spider parsed: its URL and `response.meta["stream_dedup"]`). The spider follows every link
 of every page it gets, on the site's host only.
@@ -206,7 +207,6 @@ def crawl(start: str, out: Path, overrides: dict[str, str]) -> None:
     settings: dict[str, Any] = {
         "LOG_LEVEL": "INFO", "ROBOTSTXT_OBEY": False, "TELNETCONSOLE_ENABLED": False,
         "CONCURRENT_REQUESTS": 1, "DOWNLOAD_DELAY": 0,
-        "DOWNLOADER_MIDDLEWARES": {"stream_dedup.scrapy.DedupMiddleware": 540},
     }
     for name, value in overrides.items():
         settings[name] = json.loads(value) if value[:1] in "{[" else value

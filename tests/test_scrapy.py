@@ -9,6 +9,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,10 +32,23 @@ REPO = Path(__file__).resolve().parents[1]
 KIT = Path(__file__).with_name("scrapykit.py")
 
 
+def _readme_settings() -> dict[str, str]:
+    """The settings of the README's Scrapy snippet, as written (every crawl here uses them),
+    each as JSON for `-s NAME=VALUE`."""
+    text = (REPO / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", text, re.S)
+                 if "stream_dedup.scrapy" in b)
+    names: dict[str, Any] = {}
+    exec(block, {}, names)
+    assert "DOWNLOADER_MIDDLEWARES" in names
+    return {k: json.dumps(v) for k, v in names.items() if k.isupper()}
+
+
 def _crawl(start: str, out: Path, **settings: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    """Crawl from `start` with the middleware on; the crawl's stats and the parsed pages."""
+    """Crawl from `start` with the README's settings and `settings`; the crawl's stats and
+    the parsed pages."""
     args = [sys.executable, str(KIT), start, str(out)]
-    for name, value in settings.items():
+    for name, value in {**_readme_settings(), **settings}.items():
         args += ["-s", f"{name}={value}"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}

@@ -45,9 +45,6 @@ from scrapy import signals
 from scrapy.crawler import Crawler
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse, Request, Response
-from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.reactor import is_asyncio_reactor_installed
-from twisted.internet.defer import Deferred
 
 from .config import Settings
 from .errors import ConfigError, StreamDedupError
@@ -60,6 +57,19 @@ log = logging.getLogger("stream_dedup.scrapy")
 META_KEY = "stream_dedup"
 ON_ERROR = ("keep", "drop")
 ERROR_LOG_EVERY_S = 30.0
+
+
+def _asyncio_available() -> bool:
+    """Whether coroutines here may await asyncio (aiohttp): Scrapy's asyncio reactor."""
+    try:
+        from scrapy.utils.asyncio import (  # type: ignore[import-not-found,unused-ignore]
+            is_asyncio_available,  # newer than 2.13
+        )
+    except ImportError:
+        from scrapy.utils.reactor import is_asyncio_reactor_installed
+
+        return is_asyncio_reactor_installed()
+    return bool(is_asyncio_available())
 
 
 class DuplicatePage(IgnoreRequest):
@@ -115,7 +125,7 @@ class DedupMiddleware:
         url = s.get("STREAM_DEDUP_URL") or ""
         checker: Checker
         if url:
-            if not is_asyncio_reactor_installed():
+            if not _asyncio_available():
                 raise ConfigError(
                     "STREAM_DEDUP_URL needs Scrapy's asyncio reactor: TWISTED_REACTOR = "
                     "'twisted.internet.asyncioreactor.AsyncioSelectorReactor'")
@@ -155,11 +165,11 @@ class DedupMiddleware:
             raise DuplicatePage(decision)
         return response
 
-    def spider_closed(self) -> Deferred[None]:
+    async def spider_closed(self) -> None:
         if self.errors:
             log.error("stream-dedup: %d page(s) could not be decided this crawl "
                       "(STREAM_DEDUP_ON_ERROR=%s)", self.errors, self.on_error)
-        return deferred_from_coro(self.checker.close())
+        await self.checker.close()
 
     def _page(self, response: Response) -> Page | None:
         """The page to decide, or None (counted under stream_dedup/skipped/)."""

@@ -56,6 +56,7 @@ def _crawl(start: str, out: Path, **settings: str) -> tuple[dict[str, int], list
                           cwd=out)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "Traceback" not in done.stderr, done.stderr[-4000:]
+    assert "[py.warnings]" not in done.stderr, done.stderr[-4000:]  # e.g. a deprecation
     stats = json.loads((out / "stats.json").read_text())
     pages = [json.loads(line) for line in (out / "pages.jsonl").read_text().splitlines()]
     return stats, pages

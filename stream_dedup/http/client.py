@@ -22,7 +22,7 @@ import aiohttp
 import orjson
 import pybase64
 
-from ..errors import StreamDedupError
+from ..errors import ConfigError, StreamDedupError
 from ..models import Page
 
 PAGE_REFUSED = frozenset({400, 413, 415})  # the page's fault: it gets a reject, not an error
@@ -57,7 +57,7 @@ class CheckClient:
 
     def __init__(self, base_url: str, token: str = "", timeout_s: float = 10.0) -> None:
         if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"the service's URL must start with http:// or https://, "
+            raise ConfigError(f"the service's URL must start with http:// or https://, "
                              f"got {base_url!r}")
         self.endpoint = base_url.rstrip("/") + "/v1/check"
         self.headers = {"Content-Type": "application/json"}

@@ -9,7 +9,8 @@ at 540 a response has been decompressed (HttpCompressionMiddleware, 590), redire
 the page decided is the body the spider would get. At 950 it would be the compressed bytes.
 
 For each response with a status in STREAM_DEDUP_STATUSES and an HTML Content-Type (or none,
-when Scrapy sniffed HTML):
+when Scrapy sniffed HTML), unless its request's meta has "stream_dedup_skip" (pages whose
+links must be followed whatever they copy: listings, pagination, sitemaps in HTML):
     keep   -> passed on; `response.meta["stream_dedup"]` is the decision (a dict, the JSON
               of a decision as `replay` writes it)
     drop   -> `DuplicatePage` (an IgnoreRequest): the spider never sees it, so its links are
@@ -55,6 +56,7 @@ from .sources.http import is_html
 log = logging.getLogger("stream_dedup.scrapy")
 
 META_KEY = "stream_dedup"
+SKIP_KEY = "stream_dedup_skip"  # a request whose response is never decided (a hub page)
 ON_ERROR = ("keep", "drop")
 ERROR_LOG_EVERY_S = 30.0
 
@@ -147,7 +149,7 @@ class DedupMiddleware:
 
     async def process_response(self, request: Request, response: Response,
                                spider: Any = None) -> Response:
-        page = self._page(response)
+        page = self._page(request, response)
         if page is None:
             return response
         started = time.perf_counter()
@@ -171,8 +173,11 @@ class DedupMiddleware:
                       "(STREAM_DEDUP_ON_ERROR=%s)", self.errors, self.on_error)
         await self.checker.close()
 
-    def _page(self, response: Response) -> Page | None:
+    def _page(self, request: Request, response: Response) -> Page | None:
         """The page to decide, or None (counted under stream_dedup/skipped/)."""
+        if request.meta.get(SKIP_KEY):
+            self.stats.inc_value("stream_dedup/skipped/meta")
+            return None
         if response.status not in self.statuses:
             self.stats.inc_value("stream_dedup/skipped/status")
             return None

@@ -201,8 +201,10 @@ def crawl(start: str, out: Path, overrides: dict[str, str]) -> None:
                                     "error": response.meta.get("stream_dedup_error")}) + "\n")
             if isinstance(response, TextResponse) and "html" in response.headers.get(
                     "Content-Type", b"").decode():
+                skip = self.settings.get("KIT_SKIP_PREFIX")  # these: meta stream_dedup_skip
                 for href in response.css("a::attr(href)").getall():
-                    yield response.follow(href, self.parse)
+                    meta = {"stream_dedup_skip": True} if skip and href.startswith(skip) else {}
+                    yield response.follow(href, self.parse, meta=meta)
 
     settings: dict[str, Any] = {
         "LOG_LEVEL": "INFO", "ROBOTSTXT_OBEY": False, "TELNETCONSOLE_ENABLED": False,

@@ -139,6 +139,19 @@ def test_crawl_with_the_library_decides_as_replay(tmp_path: Path) -> None:
     _links_not_followed(site, server, replayed)
 
 
+def test_requests_marked_to_skip_are_not_decided(tmp_path: Path) -> None:
+    """meta["stream_dedup_skip"]: the copies are parsed, so the pages they link are fetched."""
+    site = build_site()
+    with SiteServer(site.resources) as server:
+        stats, parsed = _crawl(server.url + "/", tmp_path, KIT_SKIP_PREFIX="/copies/")
+    assert stats["stream_dedup/skipped/meta"] == len(site.copies) == 3
+    assert not any(k.startswith("stream_dedup/drop/") and k != "stream_dedup/drop/unchanged"
+                   for k in stats)
+    got = {p["url"].removeprefix(server.url): p["decision"] for p in parsed}
+    assert all(got[path] is None for path in site.copies)
+    assert site.only_from_duplicates <= {path for path, _ in server.log}
+
+
 def _mirrored(site: Site) -> list[tuple[bytes, bytes]]:
     """What the service holds before the crawl: the copies of articles 0, 1 and 2 (exact,
     canonical, near) under another host, as input-topic messages."""

@@ -124,6 +124,14 @@ class DedupMiddleware:
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> DedupMiddleware:
         s = crawler.settings
+        on_error = (s.get("STREAM_DEDUP_ON_ERROR") or "keep").lower()
+        try:
+            statuses = frozenset(int(x) for x in s.getlist("STREAM_DEDUP_STATUSES", [200, 203]))
+        except ValueError:
+            raise ConfigError("STREAM_DEDUP_STATUSES must be HTTP status codes, got "
+                              f"{s.get('STREAM_DEDUP_STATUSES')!r}") from None
+        if on_error not in ON_ERROR:  # before an index is opened
+            raise ConfigError(f"STREAM_DEDUP_ON_ERROR must be keep or drop, got {on_error!r}")
         url = s.get("STREAM_DEDUP_URL") or ""
         checker: Checker
         if url:
@@ -139,9 +147,7 @@ class DedupMiddleware:
             checker = LocalChecker(Settings.load(s.get("STREAM_DEDUP_CONFIG") or None,
                                                  overrides=overrides))
             where = "the library, in this process"
-        statuses = frozenset(int(x) for x in s.getlist("STREAM_DEDUP_STATUSES", [200, 203]))
-        mw = cls(checker, crawler.stats, statuses=statuses,
-                 on_error=(s.get("STREAM_DEDUP_ON_ERROR") or "keep").lower())
+        mw = cls(checker, crawler.stats, statuses=statuses, on_error=on_error)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
         log.info("stream-dedup decides HTML responses (status %s) with %s; on an error: %s",
                  ", ".join(map(str, sorted(statuses))), where, mw.on_error)

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scrapy  # noqa: F401  (the [scrapy] extra, in [dev] too: a missing one fails here)
 from opskit import free_port, get, wait_for
 from scrapykit import HTML_TYPE, Site, SiteServer, build_site
 from test_operate import _produce
 
 from stream_dedup import Deduplicator, Page
-
-pytest.importorskip("scrapy")  # the [scrapy] extra; in [dev] too, so CI has it
 
 REPO = Path(__file__).resolve().parents[1]
 KIT = Path(__file__).with_name("scrapykit.py")
@@ -248,7 +247,7 @@ def test_a_service_that_does_not_answer(on_error: str, tmp_path: Path) -> None:
     assert "/secret/near" in {p for p, _ in server.log}  # nothing was dropped
 
 
-def test_the_middleware_is_off_without_scrapy_in_the_core() -> None:
+def test_the_core_never_imports_scrapy() -> None:
     """The core never imports Scrapy: only stream_dedup.scrapy does."""
     code = ("import sys, stream_dedup, stream_dedup.cli, stream_dedup.service, "
             "stream_dedup.http.client; assert 'scrapy' not in sys.modules, 'scrapy imported'")

@@ -21,14 +21,20 @@ from typing import Any
 
 import pytest
 import scrapy  # noqa: F401  (the [scrapy] extra, in [dev] too: a missing one fails here)
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 from opskit import free_port, get, wait_for
 from scrapykit import HTML_TYPE, Site, SiteServer, build_site
 from test_operate import _produce
 
-from stream_dedup import Deduplicator, Page
+from stream_dedup import Deduplicator, Page, Settings
+from stream_dedup.http import ApiState, build_app
+from stream_dedup.http.client import CheckClient, ServiceError
+from stream_dedup.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 KIT = Path(__file__).with_name("scrapykit.py")
+HTML = (("Content-Type", HTML_TYPE),)
 
 
 def _readme_settings() -> dict[str, str]:
@@ -253,3 +259,59 @@ def test_the_core_never_imports_scrapy() -> None:
             "stream_dedup.http.client; assert 'scrapy' not in sys.modules, 'scrapy imported'")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+# --- the client of /v1/check (stream_dedup/http/client.py) against the real API app -------
+def test_the_client_translates_every_answer_of_the_service() -> None:
+    settings = Settings(max_page_bytes=40_000, http_token="secret")
+    dedup = Deduplicator(settings)
+    site = build_site()
+    article = site.resources["/article/0"].body
+    dedup.check(Page("http://a/0", article, HTML))
+    state = ApiState(settings, Metrics(settings), dedup)
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(2)
+        return web.Response(text="late")
+
+    async def other(request: web.Request) -> web.Response:
+        return web.Response(text="<html>not the API</html>", content_type="text/html")
+
+    elsewhere = web.Application()
+    elsewhere.router.add_post("/slow/v1/check", slow)
+    elsewhere.router.add_post("/other/v1/check", other)
+
+    async def go() -> None:
+        async with TestServer(build_app(state)) as api, TestServer(elsewhere) as foreign:
+            base = str(api.make_url("/"))
+            client = CheckClient(base, token="secret")
+            try:
+                same = await client.check(Page("http://b/0", article, HTML))
+                assert (same["decision"], same["reason"]) == ("drop", "exact")
+                assert same["duplicate_of"]["url"] == "http://a/0"
+                new = await client.check(Page("http://b/1", b"<p>" + b"new words " * 50, HTML))
+                assert new["decision"] == "keep"
+                # too large for the library (a reject decision) and for the request (413)
+                for size in (60_000, 200_000):
+                    big = await client.check(Page("http://b/2", b"<p>" + b"y" * size, HTML))
+                    assert (big["decision"], big["reason"]) == ("reject", "too-large"), big
+                state.dedup = None
+                with pytest.raises(ServiceError) as err:
+                    await client.check(Page("http://b/3", article, HTML))
+                assert err.value.kind == "not-ready"
+                state.dedup = dedup
+            finally:
+                await client.close()
+            wrong = CheckClient(base, token="guess")
+            with pytest.raises(ServiceError) as err:
+                await wrong.check(Page("http://b/4", article, HTML))
+            await wrong.close()
+            assert err.value.kind == "unauthorized"
+            for path, kind, timeout in (("slow", "timeout", 0.3), ("other", "bad-answer", 5)):
+                client = CheckClient(str(foreign.make_url(f"/{path}")), timeout_s=timeout)
+                with pytest.raises(ServiceError) as err:
+                    await client.check(Page("http://b/5", article, HTML))
+                await client.close()
+                assert err.value.kind == kind, err.value
+    asyncio.run(go())
+    dedup.close()

@@ -62,6 +62,9 @@ message formats (--input-format):
         status, headers); key ignored
   html  value = the HTML bytes; key = the URL; Kafka headers content-type, fetched-at,
         status carry the metadata
+  warc  value = one WARC record, plain or one gzip member (response and resource records
+        are pages, revisits recrawls; request, metadata, warcinfo... are skipped, counted
+        in stream_dedup_skipped_records_total); key ignored
 SIGTERM/SIGINT: stop fetching, finish and commit the batch in flight, exit 0.
 
 HTTP API (--http-port, default 8080 on 127.0.0.1; 0 = off):

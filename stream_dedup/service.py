@@ -160,10 +160,11 @@ class Service:
             if pool is not None:
                 pool.shutdown()
             await asyncio.to_thread(dedup.close)
-            log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",
-                     stats.records, stats.batches, f"; {stats.abandoned} records of the batch "
-                     "in flight were not, and will be delivered again" if stats.abandoned
-                     else "", stats.decisions)
+            log.info("stopped after %d records in %d batches (all committed%s); decisions: "
+                     "%s; skipped (not pages): %s", stats.records, stats.batches,
+                     f"; {stats.abandoned} records of the batch in flight were not, and will "
+                     "be delivered again" if stats.abandoned else "", stats.decisions,
+                     stats.skipped)
 
     async def _session(self, dedup: Deduplicator, pool: AnalysisPool | None,
                        stats: RunStats) -> int:
@@ -286,6 +287,7 @@ class Service:
             "batches": runner.stats.batches if runner else 0,
             "records": runner.stats.records if runner else 0,
             "committed": runner.stats.committed if runner else 0,
+            "skipped": dict(runner.stats.skipped) if runner else {},
             "consumer_lag": lags,
             "consumer_lag_total": sum(lags.values()),
         }}

@@ -165,7 +165,7 @@ def test_every_corpus_record_as_a_message_is_what_replay_reads() -> None:
     compared = 0
     for path in sorted(p for p in CORPUS.rglob("*.warc*") if p.is_file()):
         try:
-            values = list(record_bytes(path))
+            values = [value for _, value in record_bytes(path)]
         except ValueError:
             continue  # not cut into records (damaged, one gzip stream): replay reads it
         out = [one(v) for v in values]

@@ -78,24 +78,25 @@ def starts_record(path: Path, offset: int) -> bool:
     return head.startswith(GZIP_MAGIC) or head == b"WARC/"
 
 
-def record_bytes(path: Path) -> Iterator[bytes]:
-    """Each record of a WARC file as stored: its gzip member (a file gzipped one member a
-    record, as WARC writers do), or its bytes (a plain file); what one Kafka message of
-    `--input-format warc` carries. Raises ValueError for a file gzipped as one stream, or
-    where FastWARC stops early (damage: `replay` reads such a file)."""
+def record_bytes(path: Path) -> Iterator[tuple[str | None, bytes]]:
+    """Each record of a WARC file as stored, with its target URI: its gzip member (a file
+    gzipped one member a record, as WARC writers do), or its bytes (a plain file); what one
+    Kafka message of `--input-format warc` carries. Raises ValueError for a file gzipped as
+    one stream, or one FastWARC stops reading (damage: `replay` reads such a file)."""
     with open(path, "rb") as fh:
         data = fh.read()
     gzipped = data.startswith(GZIP_MAGIC[:2])
     with open(path, "rb") as fh:
         try:
-            starts = [record.stream_pos for record in FastArchiveIterator(fh, parse_http=False)]
+            found = [(record.stream_pos, uri(record.headers.get("WARC-Target-URI")))
+                     for record in FastArchiveIterator(fh, parse_http=False)]
         except Exception as exc:  # FastWARC's own errors (OSError "Invalid WARC header")
             raise ValueError(f"{path}: FastWARC stops reading it ({exc}): it cannot be cut "
                              "into records") from exc
-    ends = [*starts[1:], len(data)]
-    for start, end in zip(starts, ends, strict=True):
+    ends = [start for start, _ in found[1:]] + [len(data)]
+    for (start, url), end in zip(found, ends, strict=True):
         record = data[start:end]
         if not record.startswith(GZIP_MAGIC if gzipped else b"WARC/"):
             raise ValueError(f"{path}: no record starts at byte {start} (a file gzipped as "
                              "one stream, or damaged): it cannot be cut into records")
-        yield record
+        yield url, record

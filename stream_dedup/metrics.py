@@ -212,6 +212,8 @@ class Metrics:
             self.reduced.labels(output)
         for op in INDEX_OPERATIONS:
             self.index_errors.labels(op)
+        for kind in (*SKIPPED_KINDS, "other"):
+            self.skipped.labels(kind)
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),

@@ -42,11 +42,10 @@ def page_from_warc(value: bytes, source: str, *, max_bytes: int,
     data, broken = value, None
     if value.startswith(GZIP_MAGIC[:2]):
         data, broken = _gunzip(value, max_bytes)
-        if broken is not None and broken.kind != "truncated":
-            return dataclasses.replace(broken, source=source, raw=value)
-    if broken is not None and not data.lstrip(b"\r\n").startswith(b"WARC/"):
+    is_record = data.lstrip(b"\r\n").startswith(b"WARC/")
+    if broken is not None and (broken.kind != "truncated" or not is_record):
         return dataclasses.replace(broken, source=source, raw=value)
-    if not data.lstrip(b"\r\n").startswith(b"WARC/"):
+    if not is_record:
         what = "a gzip member that holds " if data is not value else ""
         return Rejected(None, "not-warc", f"{what}not a WARC record: it starts with "
                         f"{data[:40]!r} (--input-format warc: one WARC record a message)",

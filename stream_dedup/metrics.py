@@ -60,10 +60,11 @@ OUTCOMES = ("confirmed", "overturned", "unsampled")
 KAFKA_OPERATIONS = ("connect", "metadata", "fetch", "produce", "commit")
 OUTPUTS = ("decision", "kept", "dead-letter")
 INDEX_OPERATIONS = ("decide", "commit", "expire")
-# Kinds of records skipped (not pages): WARC 1.1's record types and "non-html"; any other
-# type a producer makes up is counted as "other", so the labels stay bounded
+# Kinds of records skipped (not pages): WARC 1.1's record types that are never pages, a
+# revisit of another profile, a non-HTML response or resource; any type a producer makes up
+# is counted as "other", so the labels stay bounded
 SKIPPED_KINDS = ("request", "metadata", "warcinfo", "revisit", "conversion", "continuation",
-                 "response", "resource", "non-html")
+                 "non-html")
 # Seconds. Stages take tens of microseconds (index) to tens of milliseconds (large pages).
 STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 1.0)

@@ -134,7 +134,9 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              serve_only=True),
         Flag("group_id", "consumer group", "ID", serve_only=True),
         Flag("input_format", "json: value is a page object; html: value is HTML, key is "
-             "the URL, metadata in headers", choices=["json", "html"], serve_only=True),
+             "the URL, metadata in headers; warc: value is one WARC record (plain or "
+             "gzipped; request, metadata, warcinfo records are skipped and counted)",
+             choices=["json", "html", "warc"], serve_only=True),
         Flag("recent_decisions", "decisions remembered for records delivered again (by "
              "position and body)", "N", serve_only=True),
     ],

@@ -89,7 +89,8 @@ class Settings:
     kept_topic: str = ""  # empty: do not forward kept pages
     dead_letter_topic: str = "pages-dead-letter"
     group_id: str = "stream-dedup"
-    input_format: str = "json"  # json (the JSONL page schema) | html (value = HTML bytes)
+    # json (the JSONL page schema) | html (value = HTML bytes) | warc (one WARC record)
+    input_format: str = "json"
     batch_size: int = 500  # records decided, delivered and committed together (serve, replay)
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
@@ -182,8 +183,9 @@ class Settings:
             raise ConfigError(f"redis_buckets must be 1 to {1 << 24}, got {self.redis_buckets}")
         if self.retention_days < 0:
             raise ConfigError("retention_days must be >= 0")
-        if self.input_format not in ("json", "html"):
-            raise ConfigError(f"input_format must be json or html, got {self.input_format!r}")
+        if self.input_format not in ("json", "html", "warc"):
+            raise ConfigError("input_format must be json, html or warc, got "
+                              f"{self.input_format!r}")
         if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:
             raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:

@@ -1,10 +1,12 @@
 """Kafka messages -> Page | Rejected (pure: no client here, just bytes, key and headers).
 
-Two input formats:
+Input formats:
 - "json" (default): the value is one JSONL page object (`url` + `html` or `body_b64`,
   optional `fetched_at`, `status`, `headers`), exactly as in replay's JSONL files.
 - "html": the value is the raw HTML bytes, the key is the URL, and metadata travels in Kafka
   headers: `content-type`, `fetched-at`, `status` (any header is kept as an HTTP header).
+- "warc": the value is one WARC record, plain or gzipped (warc_message.py); the key is
+  not read. A record that is not a page (request, metadata...) is a Skipped.
 
 A page's `source` is "topic/partition/offset": stable across re-deliveries.
 
@@ -19,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import PageError
-from ..models import Page, Rejected
+from ..models import Page, Rejected, Skipped
 from .jsonl import page_from_json
 from .records import raw_header_key
+from .warc_message import page_from_warc
 
 KafkaHeaders = Sequence[tuple[str, bytes]]
 
@@ -39,9 +42,9 @@ def page_from_message(
     input_format: str,
     max_bytes: int,
     position: int | None = None,
-) -> Page | Rejected:
-    """One consumed record as a Page, or a Rejected that says why it is not one.
-    `position`: the record's page id (models.position_id)."""
+) -> Page | Rejected | Skipped:
+    """One consumed record as a Page, or a Rejected that says why it is not one (or, for
+    warc, a Skipped). `position`: the record's page id (models.position_id)."""
     url = _text(key)
     bad = [name for name, _ in headers if not is_utf8(name)]
     if bad:
@@ -57,6 +60,8 @@ def page_from_message(
         if input_format == "json":
             page = page_from_json(value, source)
             return page if position is None else replace(page, position=position)
+        if input_format == "warc":
+            return page_from_warc(value, source, max_bytes=max_bytes, position=position)
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
         if "\ufffd" in url and key is not None:

@@ -46,6 +46,7 @@ from formatkit import (  # noqa: E402
     html_message,
     json_message,
     mapped_message,
+    warc_message,
 )
 
 from stream_dedup import config  # noqa: E402
@@ -61,22 +62,6 @@ def text_message(page: Page) -> Message:
     """{"url", "html"}: the page as the text the firehose sends, as UTF-8 JSON."""
     return page.url.encode(), json.dumps({"url": page.url, "html": firehose(page)["body"]},
                                          ensure_ascii=False).encode(), []
-
-
-def warc_message(page: Page) -> Message:
-    """One uncompressed WARC/1.0 response record: the HTTP head and the raw body."""
-    head = f"HTTP/1.1 {page.status or 200} OK\r\n" + "".join(
-        f"{n}: {v}\r\n" for n, v in page.headers if n.lower() not in (
-            "content-length", "transfer-encoding", "content-encoding")) + \
-        f"Content-Length: {len(page.body)}\r\n\r\n"
-    block = head.encode("utf-8", "replace") + page.body
-    record = ("WARC/1.0\r\nWARC-Type: response\r\n"
-              f"WARC-Record-ID: <urn:uuid:{random.Random(page.url).getrandbits(128):032x}>\r\n"
-              f"WARC-Date: {page.fetched_at or '2026-01-01T00:00:00Z'}\r\n"
-              f"WARC-Target-URI: {page.url}\r\n"
-              "Content-Type: application/http; msgtype=response\r\n"
-              f"Content-Length: {len(block)}\r\n\r\n").encode("utf-8", "replace")
-    return page.url.encode(), record + block + b"\r\n\r\n", []
 
 
 # name -> (message builder, settings of `serve`)

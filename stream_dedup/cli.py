@@ -55,6 +55,8 @@ examples:
   stream-dedup serve --input-topic pages --kept-topic pages-kept
   STREAM_DEDUP_BOOTSTRAP_SERVERS=kafka:9092 stream-dedup serve --workers 2
   stream-dedup replay crawl.warc.gz --to-kafka pages      # feed it captured pages
+  stream-dedup replay crawl.warc.gz --to-kafka pages-warc --to-kafka-format warc
+                                               # ... its records, for --input-format warc
   kcat -C -b 127.0.0.1:9092 -t decisions -e             # read the decisions
 
 message formats (--input-format):
@@ -62,6 +64,9 @@ message formats (--input-format):
         status, headers); key ignored
   html  value = the HTML bytes; key = the URL; Kafka headers content-type, fetched-at,
         status carry the metadata
+  warc  value = one WARC record, plain or one gzip member (response and resource records
+        are pages, revisits recrawls; request, metadata, warcinfo... are skipped, counted
+        in stream_dedup_skipped_records_total); key ignored
   scrapy-cluster  value = Scrapy Cluster's crawled_firehose JSON, as its KafkaPipeline
         sends it (base64 bodies: add --json-fields body_b64=body)
   any other JSON: --input-format json --json-fields url=link,html=content,status=code
@@ -135,6 +140,8 @@ def _replay(args: argparse.Namespace) -> int:
                           "the pages to Kafka for `serve` to decide, and writes no decisions")
     if not args.to_kafka and not args.output:
         raise ConfigError("replay needs -o/--output FILE (or --to-kafka TOPIC)")
+    if args.to_kafka_format != "json" and not args.to_kafka:
+        raise ConfigError("--to-kafka-format says how --to-kafka sends: it needs --to-kafka")
     for path, flag in ((args.output, "-o"), (args.dead_letter, "--dead-letter"),
                        (args.summary_json, "--summary-json")):
         _writable(path, flag)
@@ -148,7 +155,8 @@ def _replay(args: argparse.Namespace) -> int:
         from .service import push
 
         _logging("info")
-        stats = asyncio.run(push(settings, args.to_kafka, args.inputs, progress))
+        stats = asyncio.run(push(settings, args.to_kafka, args.inputs, progress,
+                                 records=args.to_kafka_format == "warc"))
         for why in stats.unreadable:
             print(f"stream-dedup: unreadable input: {why}", file=sys.stderr)
         return _bad_inputs(stats.unreadable, args.allow_bad_inputs)
@@ -311,6 +319,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--to-kafka", metavar="TOPIC",
                     help="instead of deciding, push the pages into TOPIC as JSON page "
                     "messages (keyed by URL) for a running `serve`")
+    rp.add_argument("--to-kafka-format", choices=["json", "warc"], default="json",
+                    help="with --to-kafka: json page messages, or warc: every record of "
+                    "each WARC file as it is stored (its gzip member), one a message, keyed "
+                    "by its target URI, for `serve --input-format warc`")
     rp.add_argument("--dead-letter", metavar="FILE",
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")

@@ -134,10 +134,11 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              serve_only=True),
         Flag("group_id", "consumer group", "ID", serve_only=True),
         Flag("input_format", "json: value is a page object (url + html or body_b64); "
-             "html: value is HTML, key is the URL, metadata in headers; scrapy-cluster: "
-             "Scrapy Cluster's crawled_firehose JSON (response_url, body in its encoding, "
-             "status_code, response_headers, timestamp)",
-             choices=["json", "html", "scrapy-cluster"], serve_only=True),
+             "html: value is HTML, key is the URL, metadata in headers; warc: value is one "
+             "WARC record (plain or gzipped; request, metadata, warcinfo records are skipped "
+             "and counted); scrapy-cluster: Scrapy Cluster's crawled_firehose JSON "
+             "(response_url, body in its encoding, status_code, response_headers, timestamp)",
+             choices=["json", "html", "warc", "scrapy-cluster"], serve_only=True),
         Flag("json_fields", "JSON formats: read page fields from your crawler's own message "
              "fields, PAGE=MESSAGE comma-separated; page fields: url, html, body_b64, "
              "encoding, status, fetched_at, headers; a|b tries a then b, a.b is a nested "
@@ -145,7 +146,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
              "url=link|url,html=content,status=code,fetched_at=meta.time", "MAP",
              serve_only=True),
         Flag("carry_fields", "copy these message fields (JSON formats; a.b nested) or Kafka "
-             "headers (html) into each decision's \"carried\" object (null when missing), "
+             "headers (html, warc) into each decision's \"carried\" object (null when missing), "
              "so you can join decisions to your records, e.g. crawlid,appid", "NAMES",
              serve_only=True),
         Flag("recent_decisions", "decisions remembered for records delivered again (by "

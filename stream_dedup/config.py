@@ -22,7 +22,7 @@ _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 ENV_PREFIX = "STREAM_DEDUP_"
 JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is JSON
-INPUT_FORMATS = (*JSON_FORMATS, "html")
+INPUT_FORMATS = (*JSON_FORMATS, "html", "warc")
 # The page fields a json_fields mapping may read from a message (sources/dialects.py)
 JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
 MAX_CARRY_FIELDS = 32
@@ -96,12 +96,13 @@ class Settings:
     kept_topic: str = ""  # empty: do not forward kept pages
     dead_letter_topic: str = "pages-dead-letter"
     group_id: str = "stream-dedup"
-    input_format: str = "json"  # json (the JSONL page schema) | html (value = HTML bytes)
-    #                             | scrapy-cluster (its crawled_firehose JSON)
+    # json (the JSONL page schema) | html (value = HTML bytes) | warc (one WARC record)
+    # | scrapy-cluster (its crawled_firehose JSON)
+    input_format: str = "json"
     # A JSON format's page fields read from other message fields (json_field_map), e.g.
     # "url=link,html=content": a crawler's own JSON dialect without a translator
     json_fields: str = ""
-    # Message fields (JSON formats) or Kafka headers (html) copied into each decision
+    # Message fields (JSON formats) or Kafka headers (html, warc) copied into each decision
     # ("carried"), e.g. "crawlid,appid": "" carries nothing
     carry_fields: str = ""
     batch_size: int = 500  # records decided, delivered and committed together (serve, replay)

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from .decide import Analysis
 from .index.base import Change, FeatureIndex, Plan
-from .models import Decision, Page, Rejected
+from .models import Decision, Page, Rejected, Skipped
 
 # before-transaction-commit: --exactly-once only, every output sent in the batch's
 # transaction, the transaction not committed
@@ -47,6 +47,10 @@ class Batch:
     # The pages the batch kept, when the index keeps a changelog (Deduplicator.journal):
     # written in the batch's transaction (transactions.py)
     changes: list[Change] = field(default_factory=list)
+    # Records that are not pages (Source.item said Skipped: a WARC request record...), by
+    # kind: taken out of `records` before deciding; `positions` still cover them, so the
+    # commit does too
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, entries: Iterable[tuple[str, int, Any]], received: float | None = None) -> Batch:
@@ -83,8 +87,10 @@ class Source(Protocol):
         (Kafka drops what a rebalance took meanwhile, and makes the next one wait)."""
         ...
 
-    def item(self, record: Any) -> Page | Rejected:
-        """A record as a page, or a reject; never raises. Runs in the decide thread."""
+    def item(self, record: Any) -> Page | Rejected | Skipped:
+        """A record as a page, a reject, or a Skipped (not a page, not an error: it gets no
+        decision, and is committed with its batch); never raises. Runs in the decide
+        thread."""
         ...
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
@@ -147,8 +153,8 @@ class PageRecords:
     def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
         return contextlib.nullcontext(batch)
 
-    def item(self, record: Any) -> Page | Rejected:
-        assert isinstance(record, Page | Rejected)
+    def item(self, record: Any) -> Page | Rejected | Skipped:
+        assert isinstance(record, Page | Rejected | Skipped)
         return record
 
 
@@ -163,7 +169,7 @@ class ListSource(PageRecords):
     redelivers = True
     live = True
 
-    def __init__(self, streams: dict[str, Sequence[Page | Rejected]],
+    def __init__(self, streams: dict[str, Sequence[Page | Rejected | Skipped]],
                  committed: dict[str, int] | None = None, index: FeatureIndex | None = None,
                  order: Sequence[str] | None = None) -> None:
         self.streams = {name: [replace(item, source=f"{name}/{i}") for i, item in

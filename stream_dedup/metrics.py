@@ -60,6 +60,11 @@ OUTCOMES = ("confirmed", "overturned", "unsampled")
 KAFKA_OPERATIONS = ("connect", "metadata", "fetch", "produce", "commit")
 OUTPUTS = ("decision", "kept", "dead-letter")
 INDEX_OPERATIONS = ("decide", "commit", "expire")
+# Kinds of records skipped (not pages): WARC 1.1's record types that are never pages, a
+# revisit of another profile, a non-HTML response or resource; any type a producer makes up
+# is counted as "other", so the labels stay bounded
+SKIPPED_KINDS = ("request", "metadata", "warcinfo", "revisit", "conversion", "continuation",
+                 "non-html")
 # Seconds. Stages take tens of microseconds (index) to tens of milliseconds (large pages).
 STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                  0.1, 0.25, 1.0)
@@ -99,6 +104,11 @@ class Metrics:
                              ["decision"], registry=r)
         self.rejects = Counter("stream_dedup_rejects", "Inputs rejected, by error kind",
                                ["kind"], registry=r)
+        self.skipped = Counter("stream_dedup_skipped_records", "Input records that are not "
+                               "pages, skipped without a decision and committed (--input-format "
+                               "warc: request, metadata, warcinfo... records; non-html "
+                               "responses; revisit records of other profiles), by type",
+                               ["type"], registry=r)
         self.redelivered_pages = Counter("stream_dedup_redelivered", "Pages delivered again that "
                                    "got their earlier decision back", registry=r)
         self.stage = Histogram("stream_dedup_stage_seconds", "Seconds a page spent in a stage "
@@ -203,6 +213,8 @@ class Metrics:
             self.reduced.labels(output)
         for op in INDEX_OPERATIONS:
             self.index_errors.labels(op)
+        for kind in (*SKIPPED_KINDS, "other"):
+            self.skipped.labels(kind)
         self._by_decision: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
         for decision, reason in (("keep", UNIQUE), ("keep", VERIFIED_DISTINCT), ("drop", EXACT),
                                  ("drop", R_CANONICAL), ("drop", NEAR),
@@ -289,6 +301,10 @@ class Metrics:
                 self._since_consume.observe(max(0.0, done - received))
             else:
                 self._since_fetch.observe(max(0.0, done - fetched))
+
+    def skipped_records(self, kind: str, n: int) -> None:
+        """`n` records of a committed batch were skipped as not pages, of type `kind`."""
+        self.skipped.labels(kind if kind in SKIPPED_KINDS else "other").inc(n)
 
     def progress(self) -> None:
         """A batch was delivered."""

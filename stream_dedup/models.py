@@ -95,6 +95,16 @@ class Rejected:
 
 
 @dataclass(frozen=True, slots=True)
+class Skipped:
+    """An input record that is neither a page nor an error: a WARC request, metadata or
+    warcinfo record, a non-HTML response... Never decided nor dead-lettered; counted by
+    `kind` (its record type, or "non-html"), and its input position is committed."""
+
+    kind: str
+    source: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class DuplicateOf:
     page_id: int
     url: str

@@ -53,7 +53,7 @@ from .decide import Analysis
 from .edges import Batch, Faults, Sink, Source
 from .errors import IndexUnavailable, StreamDedupError
 from .metrics import Metrics
-from .models import Decision, Page, Rejected
+from .models import Decision, Page, Rejected, Skipped
 from .pipeline import AnalysisPool, Deduplicator
 
 log = logging.getLogger("stream_dedup.runner")
@@ -102,6 +102,7 @@ class RunStats:
     committed: int = 0
     abandoned: int = 0
     decisions: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # records not pages, by kind
 
 
 class Runner:
@@ -184,18 +185,23 @@ class Runner:
             await within_grace(self.source.commit(batch, stop), stop)
             laps.append(time.perf_counter())
         except Abandoned as exc:
+            size = len(batch.records) + sum(batch.skipped.values())
             log.warning("stopping (%s): a batch of %d records is not committed and will be "
-                        "delivered again", exc, len(batch.records))
-            self.stats.abandoned += len(batch.records)
+                        "delivered again", exc, size)
+            self.stats.abandoned += size
             return
         m = self.metrics
         for step, start, end in zip(STEPS, laps[:-1], laps[1:], strict=True):
             m.batch_step.labels(step).observe(end - start)
         m.decided(items, batch.received, delivered, since_fetch=self.source.live)
         m.progress()
+        skipped = sum(batch.skipped.values())
+        for kind, n in batch.skipped.items():
+            m.skipped_records(kind, n)
+            self.stats.skipped[kind] = self.stats.skipped.get(kind, 0) + n
         self.stats.batches += 1
-        self.stats.records += len(batch.records)
-        self.stats.committed += len(batch.records)
+        self.stats.records += len(batch.records) + skipped
+        self.stats.committed += len(batch.records) + skipped
         for d in decisions:
             key = f"{d.decision}/{d.reason}"
             self.stats.decisions[key] = self.stats.decisions.get(key, 0) + 1
@@ -243,8 +249,23 @@ class Runner:
 
     def _decide(self, batch: Batch) -> tuple[list[Page | Rejected], list[Decision]]:
         """Records -> pages -> decisions, in the decide thread (decoding the records, about
-        a tenth of the work, stays off the event loop too)."""
-        items = [self.source.item(record) for record in batch.records]
+        a tenth of the work, stays off the event loop too). Records that are not pages
+        (Skipped) leave `batch.records` here, counted in `batch.skipped`: they get no
+        decision and no output, and the batch's positions, which cover them, are
+        committed as usual (a batch of nothing else delivers nothing and commits)."""
+        converted = [self.source.item(record) for record in batch.records]
+        items: list[Page | Rejected] = []
+        if any(isinstance(item, Skipped) for item in converted):
+            records = []
+            for record, item in zip(batch.records, converted, strict=True):
+                if isinstance(item, Skipped):
+                    batch.skipped[item.kind] = batch.skipped.get(item.kind, 0) + 1
+                else:
+                    records.append(record)
+                    items.append(item)
+            batch.records = records
+        else:
+            items = converted  # type: ignore[assignment]  # no Skipped among them
         if batch.plan:
             self.dedup.begin(batch.plan)
         decisions = self._check(items, batch.analyses)

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -160,10 +161,11 @@ class Service:
             if pool is not None:
                 pool.shutdown()
             await asyncio.to_thread(dedup.close)
-            log.info("stopped after %d records in %d batches (all committed%s); decisions: %s",
-                     stats.records, stats.batches, f"; {stats.abandoned} records of the batch "
-                     "in flight were not, and will be delivered again" if stats.abandoned
-                     else "", stats.decisions)
+            log.info("stopped after %d records in %d batches (all committed%s); decisions: "
+                     "%s; skipped (not pages): %s", stats.records, stats.batches,
+                     f"; {stats.abandoned} records of the batch in flight were not, and will "
+                     "be delivered again" if stats.abandoned else "", stats.decisions,
+                     stats.skipped)
 
     async def _session(self, dedup: Deduplicator, pool: AnalysisPool | None,
                        stats: RunStats) -> int:
@@ -286,6 +288,7 @@ class Service:
             "batches": runner.stats.batches if runner else 0,
             "records": runner.stats.records if runner else 0,
             "committed": runner.stats.committed if runner else 0,
+            "skipped": dict(runner.stats.skipped) if runner else {},
             "consumer_lag": lags,
             "consumer_lag_total": sum(lags.values()),
         }}
@@ -300,9 +303,10 @@ def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:
 
 
 async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False,
-               ) -> SourceStats:
-    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages. What
-    the readers saw (unreadable inputs included) is returned."""
+               *, records: bool = False) -> SourceStats:
+    """`replay --to-kafka`: captured pages into an input topic, as JSON page messages (or,
+    with `records`, each WARC record as stored, for `--input-format warc`). What the
+    readers saw (unreadable inputs included) is returned."""
     import base64
     import json
 
@@ -316,6 +320,11 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
     await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop)
     sent = skipped = 0
     stats = SourceStats()
+    if records:
+        try:
+            return await _push_records(producer, topic, paths, stats)
+        finally:
+            await producer.stop()
     try:
         acks = []
         for item in tqdm(iter_inputs(paths, stats), unit=" pages", disable=not progress):
@@ -345,4 +354,26 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
     finally:
         await producer.stop()
     log.info("sent %d pages to %s (%d input records not sent)", sent, topic, skipped)
+    return stats
+
+
+async def _push_records(producer: Any, topic: str, paths: list[str], stats: SourceStats,
+                        ) -> SourceStats:
+    """Each record of each WARC file, as stored, one a message keyed by its target URI; a
+    file that cannot be cut into records is named in `stats.unreadable`."""
+    from .sources.fastwarc_reader import record_bytes
+
+    sent = 0
+    for path in paths:
+        stats.files += 1
+        acks = []
+        try:
+            for url, value in record_bytes(Path(path)):
+                acks.append(await producer.send(topic, value, key=url and url.encode()))
+                stats.records += 1
+        except (ValueError, OSError) as exc:
+            stats.unreadable.append(f"{path}: {exc}")
+        await asyncio.gather(*acks)
+        sent += len(acks)
+    log.info("sent %d WARC records to %s, one a message", sent, topic)
     return stats

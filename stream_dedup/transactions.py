@@ -206,7 +206,8 @@ class TransactionalSink(KafkaSink):
         if producer is None:
             raise TransactionFailed(f"no producer for {stream}: the partition was revoked")
         outputs = self.messages(batch, items, decisions)
-        first = min(r.offset for r in batch.records)
+        # the batch's first record (a batch of skipped records only, none: nothing kept)
+        first = min((r.offset for r in batch.records), default=batch.positions[stream] - 1)
         changes = changelog.records(batch.changes, f"{stream}/{first}") if self.journal else []
         self.delivered += 1
         started = time.perf_counter()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import random
 from typing import Any
 
 from stream_dedup.core.decode import _decide
@@ -64,6 +65,22 @@ def firehose(page: Page, crawlid: str = "crawl-1", appid: str = "testapp") -> di
 def firehose_message(page: Page, crawlid: str = "crawl-1") -> Message:
     """--input-format scrapy-cluster."""
     return page.url.encode(), json.dumps(firehose(page, crawlid)).encode(), []
+
+
+def warc_message(page: Page) -> Message:
+    """One uncompressed WARC/1.0 response record: the HTTP head and the raw body."""
+    head = f"HTTP/1.1 {page.status or 200} OK\r\n" + "".join(
+        f"{n}: {v}\r\n" for n, v in page.headers if n.lower() not in (
+            "content-length", "transfer-encoding", "content-encoding")) + \
+        f"Content-Length: {len(page.body)}\r\n\r\n"
+    block = head.encode("utf-8", "replace") + page.body
+    record = ("WARC/1.0\r\nWARC-Type: response\r\n"
+              f"WARC-Record-ID: <urn:uuid:{random.Random(page.url).getrandbits(128):032x}>\r\n"
+              f"WARC-Date: {page.fetched_at or '2026-01-01T00:00:00Z'}\r\n"
+              f"WARC-Target-URI: {page.url}\r\n"
+              "Content-Type: application/http; msgtype=response\r\n"
+              f"Content-Length: {len(block)}\r\n\r\n").encode("utf-8", "replace")
+    return page.url.encode(), record + block + b"\r\n\r\n", []
 
 
 def _json_fields(page: Page) -> dict[str, Any]:

@@ -247,3 +247,30 @@ def test_the_pipeline_hands_each_page_its_own_carried_fields() -> None:
                                     carried=(("crawlid", "b2"),))])
     assert again[0].decision == "drop" and again[0].carried == (("crawlid", "b2"),)
     assert dedup.reject(bad).carried == (("crawlid", "c"),)
+
+
+def test_the_warc_format_carries_kafka_headers_and_skips_stay_skipped() -> None:
+    from formatkit import warc_message
+
+    from stream_dedup.models import Skipped
+
+    dialect = dialect_for(Settings(input_format="warc", carry_fields="crawlid"))
+    assert dialect is not None and not dialect.json
+    html = Page("http://w.example/", b"<p>w</p>", (("Content-Type", "text/html"),),
+                "2026-01-01T00:00:00Z", 200)
+    _, value, _ = warc_message(html)
+    p = page_from_message(value, None, [("crawlid", b"w-1")], "t/0/1", input_format="warc",
+                          max_bytes=1 << 20, position=3, dialect=dialect)
+    assert isinstance(p, Page) and (p.url, p.body, p.position) == (html.url, html.body, 3)
+    assert p.carried == (("crawlid", "w-1"),)
+    plain = page_from_message(value, None, [], "t/0/1", input_format="warc",
+                              max_bytes=1 << 20, position=3)
+    assert isinstance(plain, Page) and replace(p, carried=()) == plain
+    request = value.replace(b"WARC-Type: response", b"WARC-Type: request")
+    skipped = page_from_message(request, None, [("crawlid", b"w-1")], "t/0/2",
+                                input_format="warc", max_bytes=1 << 20, dialect=dialect)
+    assert isinstance(skipped, Skipped)
+    bad = page_from_message(b"not a record", None, [("crawlid", b"w-1")], "t/0/3",
+                            input_format="warc", max_bytes=1 << 20, dialect=dialect)
+    assert isinstance(bad, Rejected) and bad.kind == "not-warc"
+    assert bad.carried == (("crawlid", "w-1"),)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stream_dedup.kafka_client import RateLimitedLog, ToleratingRecords
-from stream_dedup.models import Decision, Rejected
+from stream_dedup.models import Decision, Page, Rejected
 from stream_dedup.sinks.kafka import Record, Topics, messages_for
 from stream_dedup.sources.kafka import page_from_message
 from stream_dedup.sources.records import BatchFormatError, raw_header_key, read_batch
@@ -153,6 +153,19 @@ def test_oversize_outputs_are_reduced_to_fit() -> None:
     assert reduced == ["decision", "dead-letter"] and dead.size() <= limit
     assert dead.value == b"z" * len(dead.value) and len(dead.value) > limit - 2000
     assert dict(dead.headers)["stream-dedup-truncated"] == b"50000"
+
+
+def test_a_page_the_engine_rejects_is_a_dead_letter_saying_why() -> None:
+    """A revisit record with no version to refer to is a Page rejected by the engine, not
+    by a reader: its dead letter carries the record and the decision's kind and message."""
+    page = Page("https://a/", b"", source="in/0/7")
+    d = Decision("https://a/", "reject", "revisit-unknown", error="no version",
+                 source="in/0/7")
+    msgs, _ = messages_for(_rec(b"WARC/1.1 ..."), page, d, TOPICS, lambda t: 1_000_000)
+    dead = msgs[1]
+    assert (dead.topic, dead.value) == ("dead", b"WARC/1.1 ...")
+    assert dict(dead.headers)["stream-dedup-error"] == b"revisit-unknown"
+    assert dict(dead.headers)["stream-dedup-message"] == b"no version"
 
 
 # --- log rate limit -----------------------------------------------------------------------

@@ -7,6 +7,7 @@ keep running. The outage test stops its own broker mid-stream and starts it agai
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -29,6 +30,8 @@ from test_service import (
     page_message,
     service,  # noqa: F401  (the fixture)
 )
+from test_warc_kafka import produce, raw_messages
+from warcgen import Resp, http_block, metadata, request, response, warc_record, warcinfo
 
 from stream_dedup.sample import build
 
@@ -398,3 +401,46 @@ def test_sigterm_while_connecting_to_a_hung_broker(own_broker, tmp_path: Path) -
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_warc_poison_records_are_dead_letters_and_the_stream_goes_on(
+        kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Each kind of bad WARC message between good ones, skipped records among them: a
+    reject of its kind for each, its bytes on the dead-letter topic, everything
+    committed, the service still running."""
+    b, t = kafka_bootstrap, names("warcpoison")
+    create_topics(b, [t["input"]], partitions=1)
+    html = b"<html><body>" + b" ".join(b"w%d" % i for i in range(400)) + b"</body></html>"
+    good = [response(Resp(f"http://g.example/{i}", html.replace(b"w1 ", b"v%d " % i)))
+            for i in range(8)]
+    plain = response(Resp("http://p.example/", b"<p>plain</p>"))
+    poisons = [
+        (b'{"url": "http://j.example/", "html": "<p>json</p>"}', "not-warc"),
+        (gzip.compress(plain)[:24] + b"\xff" * 80, "bad-gzip"),
+        (gzip.compress(plain)[:-30], "truncated"),
+        (warc_record("response", http_block(Resp("http://x/", html)),
+                     content_type="application/http; msgtype=response"), "no-url"),
+        (plain + response(Resp("http://q.example/", html)), "multiple-records"),
+        (warc_record("response", b"<html>no status line", url="http://h.example/",
+                     content_type="application/http; msgtype=response"), "bad-http"),
+        (plain.replace(b"Content-Length:", b"Content-Lenght:", 1), "bad-record"),
+    ]
+    skipped = [warcinfo(), request("http://g.example/0"), gzip.compress(metadata("http://g/"))]
+    values = [skipped[0]]
+    for i, (value, _) in enumerate(poisons):
+        values += [good[i], value]
+    values += [skipped[1], good[7], skipped[2]]
+    produce(b, t["input"], values)
+    svc = service(t, "--input-format", "warc", "--batch-size", "3")
+    wait_for("every record committed", lambda: committed_and_end(b, t["input"], t["group"])
+             == (len(values), len(values)), timeout=120)
+    assert svc.proc.poll() is None, svc.text()[-3000:]
+    got = decisions_of(b, t["decisions"])
+    assert [d["reason"] for d in got if d["decision"] == "reject"] == [k for _, k in poisons]
+    assert [d["url"] for d in got if d["decision"] != "reject"] == [
+        f"http://g.example/{i}" for i in range(8)]
+    dead = raw_messages(b, t["dead"])
+    assert [h["stream-dedup-error"].decode() for _, h in dead] == [k for _, k in poisons]
+    assert [v for v, _ in dead] == [v for v, _ in poisons]  # the bytes as they came
+    assert svc.stop() == 0
+    assert "'warcinfo': 1, 'request': 1, 'metadata': 1" in svc.text()

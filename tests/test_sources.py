@@ -8,6 +8,7 @@ it skips when the corpus is absent.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import gzip
 import hashlib
@@ -19,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from fastwarc.warc import ArchiveIterator, WarcRecordType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from warcgen import (
@@ -204,7 +206,7 @@ def test_fast_reader_and_lenient_reader_agree(
 ) -> None:
     path = write_warc(tmp_path / "c.warc.gz", mixed_records())
     fast = list(iter_archive(path))
-    monkeypatch.setattr(warc, "_warc_items", lambda p: warc._lenient_items(p, "warc"))
+    monkeypatch.setattr(warc, "warc_items", lambda p: warc.lenient_items(p, "warc"))
     assert list(iter_archive(path)) == fast
 
 
@@ -213,7 +215,7 @@ def test_big_non_html_records_are_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reader: str
 ) -> None:
     if reader == "lenient":
-        monkeypatch.setattr(warc, "_warc_items", lambda p: warc._lenient_items(p, "warc"))
+        monkeypatch.setattr(warc, "warc_items", lambda p: warc.lenient_items(p, "warc"))
     video = random.Random(3).randbytes(300_000)
     big_html = words(40_000)  # > the 64 KiB head: read whole
     records = [
@@ -294,7 +296,7 @@ def test_truncated_file(tmp_path: Path, gzip_records: bool) -> None:
     assert [(r.kind, r.url, r.source) for r in rejects(items)] == [
         ("truncated", "http://a/3", "t.warc.gz#3")
     ]
-    assert "the file ends early" in rejects(items)[0].message
+    assert "the input ends early" in rejects(items)[0].message
     last = len(whole) - len(
         write_warc(tmp_path / "x", resps[3:], gzip_records=gzip_records).read_bytes()
     )
@@ -585,6 +587,18 @@ def corpus_index() -> dict[str, list[dict[str, str]]]:
     return index
 
 
+def html_resources(path: Path) -> int:
+    """HTML resource records of a WARC file, as FastWARC reads it (0 for what it cannot)."""
+    if ".warc" not in path.name:
+        return 0
+    found = 0
+    with open(path, "rb") as fh, contextlib.suppress(Exception):
+        for record in ArchiveIterator(fh, parse_http=False,
+                                      record_types=WarcRecordType.resource):
+            found += is_html(record.headers.get("Content-Type"))
+    return found
+
+
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpora/warc is absent")
 def test_corpus_pages_match_the_index() -> None:
@@ -592,8 +606,10 @@ def test_corpus_pages_match_the_index() -> None:
 
     A difference must be explained by Rejected records of that file (e.g. the clipped record
     of resiliparse/clipped.warc.gz, which the index counts as a page and we reject as
-    truncated). Bodies must hash like the index's except for the Wayback snapshots, whose
-    index rows come from a custom reader that rewrote the bodies.
+    truncated), or by HTML `resource` records, which are pages here and not in the index (it
+    lists response records; they are counted with FastWARC here, not with our reader).
+    Bodies must hash like the index's except for the Wayback snapshots, whose index rows
+    come from a custom reader that rewrote the bodies.
     """
     index = corpus_index()
     files = corpus_files()
@@ -610,7 +626,7 @@ def test_corpus_pages_match_the_index() -> None:
         line = f"{rel}: pages {len(ours)} index {len(rows)} rejected {dict(stats.rejected)}"
         if len(ours) != len(rows) or bad:
             report.append(line + "".join(f"\n    {r.source} {r.kind}: {r.message}" for r in bad))
-        if abs(len(ours) - len(rows)) > len(bad):
+        if abs(len(ours) - len(rows) - html_resources(path)) > len(bad):
             unexplained.append(line)
         digests = Counter(hashlib.sha1(p.body).hexdigest() for p in ours)
         checked = Counter(r["sha1_decoded"] for r in rows if r["note"] != "wayback-nonstandard")
@@ -628,7 +644,7 @@ def test_corpus_pages_match_the_index() -> None:
 def test_corpus_fast_and_lenient_readers_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     files = [p for p in corpus_files() if ".warc" in p.name]
     fast = [list(iter_archive(p)) for p in files]
-    monkeypatch.setattr(warc, "_warc_items", lambda p: warc._lenient_items(p, "warc"))
+    monkeypatch.setattr(warc, "warc_items", lambda p: warc.lenient_items(p, "warc"))
     assert [list(iter_archive(p)) for p in files] == fast
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import fcntl
+import itertools
 import json
 import os
 import signal
@@ -202,6 +203,21 @@ def test_a_big_warc_in_parts_gives_the_same_decisions(
     source = _decided_by_parts([big_warc], monkeypatch, tmp_path, workers,
                                unit_bytes=256 << 10)
     assert source.units_here + source.units_there > 10
+
+
+def test_the_last_parts_of_a_file_shrink_so_the_processes_end_together(
+        big_warc: Path) -> None:
+    """Parts of about `unit` bytes, then smaller over the file's last 8 units, never under
+    an eighth of one (but the last); together they tile the file."""
+    unit = 256 << 10
+    _, cuts = parts.plan_parts(big_warc, unit, [])
+    sizes = [c.end - c.start for c in cuts]
+    assert sum(sizes) == big_warc.stat().st_size and len(sizes) > 20
+    tail = parts.TAPER * unit
+    early = [n for n, ends in zip(sizes, itertools.accumulate(sizes), strict=True)
+             if big_warc.stat().st_size - ends >= tail]
+    assert min(early) >= unit and max(sizes[-6:]) < unit // 2
+    assert min(sizes[:-1]) >= unit // parts.TAPER
 
 
 @pytest.mark.corpus

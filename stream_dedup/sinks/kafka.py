@@ -100,7 +100,9 @@ def messages_for(rec: Record, item: object, d: Decision, topics: Topics,
     if d.decision == "keep" and topics.kept:
         add(Message("kept", topics.kept, rec.value or b"", rec.key, headers, _reference(rec)))
     elif d.decision == "reject":
-        assert isinstance(item, Rejected)
+        if not isinstance(item, Rejected):  # a page the engine rejected (revisit-unknown,
+            # an analysis error): the decision says why
+            item = Rejected(d.url, d.reason, d.error or "", d.source, rec.value)
         add(Message("dead-letter", topics.dead_letter, rec.value or b"", rec.key or position,
                     headers + error_headers(item), _truncate(item)))
     return out, reduced

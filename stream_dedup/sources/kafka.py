@@ -1,12 +1,15 @@
 """Kafka messages -> Page | Rejected (pure: no client here, just bytes, key and headers).
 
-Two input formats:
+Input formats:
 - "json" (default): the value is one JSONL page object (`url` + `html` or `body_b64`,
   optional `fetched_at`, `status`, `headers`), exactly as in replay's JSONL files.
 - "html": the value is the raw HTML bytes, the key is the URL, and metadata travels in Kafka
   headers: `content-type`, `fetched-at`, `status` (any header is kept as an HTTP header).
 - "scrapy-cluster", or "json" with --json-fields: a crawler's own JSON (sources/dialects.py).
-With --carry-fields, `dialect` names the fields each page carries into its decision.
+- "warc": the value is one WARC record, plain or gzipped (warc_message.py); the key is
+  not read. A record that is not a page (request, metadata...) is a Skipped.
+With --carry-fields, `dialect` names the fields each page carries into its decision (for
+html and warc: Kafka headers).
 
 A page's `source` is "topic/partition/offset": stable across re-deliveries.
 
@@ -21,10 +24,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from ..errors import PageError
-from ..models import Carried, Page, Rejected
+from ..models import Carried, Page, Rejected, Skipped
 from .dialects import Dialect, too_large_error
 from .jsonl import page_from_json
 from .records import raw_header_key
+from .warc_message import page_from_warc
 
 KafkaHeaders = Sequence[tuple[str, bytes]]
 
@@ -43,10 +47,10 @@ def page_from_message(
     max_bytes: int,
     position: int | None = None,
     dialect: Dialect | None = None,
-) -> Page | Rejected:
-    """One consumed record as a Page, or a Rejected that says why it is not one.
-    `position`: the record's page id (models.position_id); `dialect`: dialects.dialect_for
-    the settings (None: the plain `json` or `html` reading)."""
+) -> Page | Rejected | Skipped:
+    """One consumed record as a Page, or a Rejected that says why it is not one (or, for
+    warc, a Skipped). `position`: the record's page id (models.position_id); `dialect`:
+    dialects.dialect_for the settings (None: the plain `json`, `html` or `warc` reading)."""
     url = _text(key)
     bad = [name for name, _ in headers if not is_utf8(name)]
     if bad:
@@ -65,10 +69,14 @@ def page_from_message(
         if input_format == "json":
             page = page_from_json(value, source)
             return page if position is None else replace(page, position=position)
-        if dialect is not None:  # the carried fields are Kafka headers
+        if dialect is not None:  # the carried fields are Kafka headers (html, warc)
             carried, too_large = dialect.from_headers(headers)
             if too_large is not None:
                 raise too_large_error(too_large)
+        if input_format == "warc":
+            item = page_from_warc(value, source, max_bytes=max_bytes, position=position)
+            return item if not carried or isinstance(item, Skipped) else replace(
+                item, carried=carried)
         if not url:
             raise PageError("no-url", "html input needs the page URL as the message key")
         if "\ufffd" in url and key is not None:

@@ -15,9 +15,8 @@ their range (a loaded host moves the µs; the ratios move less).
     scrapy-cluster  Scrapy Cluster's crawled_firehose (text in its encoding, headers as lists)
     scrapy + carry  the same with --carry-fields crawlid,appid
     json-fields     a made-up dialect, base64 body in a nested object (formatkit.MAPPING)
-    warc            one WARC/1.0 response record per message: timed when this checkout's
-                    sources.kafka reads it (config.INPUT_FORMATS has "warc"), else listed
-                    as not available. Its row needs nothing more than that.
+    warc            one uncompressed WARC/1.0 response record per message (a checkout
+                    without --input-format warc lists it as not available)
 
     python3 bench/formats.py [--rounds 7]
 """

@@ -173,5 +173,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    terminalreporter.write_line(f"decision schema: {WATCH.seen:,} decisions checked against "
-                                f"docs/decision.schema.json in {WATCH.seconds:.1f} s")
+    w = WATCH
+    terminalreporter.write_line(
+        f"decision schema: {w.seen:,} decisions made or serialized here, {w.checked:,} checked "
+        f"against docs/decision.schema.json (the rest equal to one) in {w.seconds:.1f} s "
+        f"({w.cpu_seconds:.1f} s CPU)")

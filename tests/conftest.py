@@ -174,7 +174,8 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     w = WATCH
-    terminalreporter.write_line(
-        f"decision schema: {w.seen:,} decisions made or serialized here, {w.checked:,} checked "
-        f"against docs/decision.schema.json (the rest equal to one) in {w.seconds:.1f} s "
-        f"({w.cpu_seconds:.1f} s CPU)")
+    if w.seen:
+        terminalreporter.write_line(
+            f"decision schema: {w.seen:,} decisions made or serialized here, {w.checked:,} "
+            f"checked against docs/decision.schema.json (the rest equal to one) in "
+            f"{w.seconds:.1f} s ({w.cpu_seconds:.1f} s CPU)")

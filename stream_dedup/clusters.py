@@ -29,7 +29,7 @@ CSV_FIELDS = ("source", "url", "decision", "reason", "page_id", "cluster", "clus
 
 @dataclass
 class Cluster:
-    page_id: int
+    page_id: str  # as decisions carry it (decimal; an older file's integer, as text)
     url: str | None = None  # the representative's URL (None: kept before these decisions)
     size: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
@@ -37,14 +37,14 @@ class Cluster:
 
 @dataclass
 class Summary:
-    clusters: dict[int, Cluster] = field(default_factory=dict)
+    clusters: dict[str, Cluster] = field(default_factory=dict)
     pages: int = 0
     rejected: int = 0
     unreadable: list[str] = field(default_factory=list)  # "file:line: why"
 
     def add(self, d: dict[str, Any]) -> None:
         self.pages += 1
-        cluster = d.get("cluster")
+        cluster = _id(d.get("cluster"))
         if d.get("decision") == "reject" or cluster is None:
             self.rejected += 1
             return
@@ -67,7 +67,9 @@ class Summary:
         return out
 
     def largest(self, n: int) -> list[Cluster]:
-        return sorted(self.clusters.values(), key=lambda c: (-c.size, c.page_id))[:n]
+        # ids in numeric order: decimal strings without leading zeros by length, then text
+        return sorted(self.clusters.values(),
+                      key=lambda c: (-c.size, len(c.page_id), c.page_id))[:n]
 
     def render(self, top: int = 10) -> str:
         multi = sum(1 for c in self.clusters.values() if c.size > 1)
@@ -87,13 +89,18 @@ class Summary:
         return "\n".join(lines)
 
 
-def _representative_url(d: dict[str, Any], cluster: int) -> str | None:
+def _id(value: object) -> str | None:
+    """A page id as a string: decisions carry strings, files written before ints."""
+    return None if value is None else str(value)
+
+
+def _representative_url(d: dict[str, Any], cluster: str) -> str | None:
     """The URL of the cluster's kept page, as far as this decision tells it."""
-    if d.get("decision") == "keep" and d.get("page_id") == cluster:
+    if d.get("decision") == "keep" and _id(d.get("page_id")) == cluster:
         return str(d.get("url"))
     for name in ("duplicate_of", "previous"):
         ref = d.get(name)
-        if isinstance(ref, dict) and ref.get("page_id") == cluster:
+        if isinstance(ref, dict) and _id(ref.get("page_id")) == cluster:
             return str(ref.get("url"))
     return None
 
@@ -135,7 +142,8 @@ def summarize(paths: Iterable[str], csv_path: str | None = None) -> Summary:
             out = csv.DictWriter(fh, CSV_FIELDS)
             out.writeheader()
             for row in rows:
-                c = summary.clusters.get(row["cluster"])
+                cluster = _id(row["cluster"])
+                c = None if cluster is None else summary.clusters.get(cluster)
                 out.writerow({**row, "cluster_url": c.url if c is not None else None})
     return summary
 

@@ -82,6 +82,14 @@ def position_id(timestamp_ms: int, partition: int, offset: int) -> int:
             | (offset & (1 << 40) - 1))
 
 
+def public_id(page_id: int | None) -> str | None:
+    """A page id as decisions carry it in JSON: a decimal string. An id of a Kafka record
+    needs 98 bits, which JSON readers that hold integers in 64 bits or a double (Java, Go,
+    Elasticsearch, JavaScript) refuse or round; as a string every reader gets it exactly,
+    and every id has one JSON type wherever it came from (docs/decision.schema.json)."""
+    return None if page_id is None else str(page_id)
+
+
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """An input record that could not become a Page (bad JSON, broken WARC record...)."""
@@ -162,15 +170,17 @@ class Decision:
     carried: Carried = ()
 
     def to_dict(self) -> dict[str, Any]:
+        """The decision as JSON carries it (docs/decision.schema.json): ids as strings."""
         out: dict[str, Any] = {
             "url": self.url,
             "decision": self.decision,
             "reason": self.reason,
-            "page_id": self.page_id,
+            "page_id": public_id(self.page_id),
             "duplicate_of": (
                 None
                 if self.duplicate_of is None
-                else {"page_id": self.duplicate_of.page_id, "url": self.duplicate_of.url}
+                else {"page_id": public_id(self.duplicate_of.page_id),
+                      "url": self.duplicate_of.url}
             ),
             "shared_features": self.shared_features,
             "resemblance": self.resemblance,
@@ -182,13 +192,13 @@ class Decision:
             "source": self.source,
             "fetched_at": self.fetched_at,
             "previous": None if self.previous is None else {
-                "page_id": self.previous.page_id, "url": self.previous.url,
+                "page_id": public_id(self.previous.page_id), "url": self.previous.url,
                 "fetched_at": self.previous.fetched_at, "match": self.previous.match},
             "payload_digest": self.payload_digest,
             "containment": self.containment,
-            "contains": [{"page_id": c.page_id, "url": c.url, "containment": c.containment}
-                         for c in self.contains],
-            "cluster": self.cluster,
+            "contains": [{"page_id": public_id(c.page_id), "url": c.url,
+                          "containment": c.containment} for c in self.contains],
+            "cluster": public_id(self.cluster),
         }
         if self.carried:
             out["carried"] = dict(self.carried)

@@ -1,6 +1,9 @@
 """Shared fixtures. Broker tests talk to a real Apache Kafka broker (deploy/kafka-local),
 Redis tests to a real Redis Cluster of 3 masters (deploy/redis-local).
 
+Every decision made in this process is checked against docs/decision.schema.json when it
+is made (schemakit.py); a test during which a bad one was made fails.
+
 If STREAM_DEDUP_TEST_BOOTSTRAP / STREAM_DEDUP_TEST_REDIS are set (as tests/run does) the tests
 use that broker / cluster; otherwise the first test that needs one starts it in a temporary
 directory on free ports below the ephemeral range and stops it at the end of the session.
@@ -19,6 +22,7 @@ from typing import Any
 
 import pytest
 from opskit import free_broker_port, free_redis_ports
+from schemakit import WATCH
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,3 +146,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
             tail = svc.log.read_text(errors="replace").splitlines()[-150:]
             report.sections.append((f"last lines of {svc.log.name}", "\n".join(tail)))
     return report
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    WATCH.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    WATCH.uninstall()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """The test fails if a decision made since the last test's call (its own fixtures'
+    included) does not match the published schema."""
+    try:
+        result = yield
+    finally:
+        bad = WATCH.bad[:]
+        WATCH.bad.clear()
+    if bad:
+        shown = "\n".join(f"  {d!r}\n    {'; '.join(wrong)}" for d, wrong in bad[:5])
+        raise AssertionError(f"{len(bad)} decision(s) made during the test do not match "
+                             f"docs/decision.schema.json:\n{shown}")
+    return result
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    w = WATCH
+    if w.seen:
+        terminalreporter.write_line(
+            f"decision schema: {w.seen:,} decisions made or serialized here, {w.checked:,} "
+            f"checked against docs/decision.schema.json (the rest equal to one) in "
+            f"{w.seconds:.1f} s ({w.cpu_seconds:.1f} s CPU)")

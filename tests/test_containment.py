@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,6 +140,23 @@ def test_the_clusters_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     for row, d in zip(rows, decisions, strict=True):
         if d["decision"] != "reject":
             assert row["cluster_url"] == kept[d["cluster"]]
+    # a file written before ids were strings (ints): the same clusters, the same report
+    old = out.parent / "old.jsonl"
+    old.write_text("".join(json.dumps(_with_int_ids(d)) + "\n" for d in decisions))
+    assert main(["clusters", str(old), "--top", "3"]) == 0
+    assert capsys.readouterr().out == text
     assert main(["clusters", str(out.parent / "bad.jsonl")]) == 1
     assert "UNREADABLE LINES (2)" in capsys.readouterr().out
     assert main(["clusters", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def _with_int_ids(d: dict[str, Any]) -> dict[str, Any]:
+    """A decision as written before ids became strings."""
+    def num(x: Any) -> Any:
+        return None if x is None else int(x)
+    out = {**d, "page_id": num(d["page_id"]), "cluster": num(d["cluster"])}
+    for name in ("duplicate_of", "previous"):
+        if d[name] is not None:
+            out[name] = {**d[name], "page_id": int(d[name]["page_id"])}
+    out["contains"] = [{**c, "page_id": int(c["page_id"])} for c in d["contains"]]
+    return out

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from opskit import wait_for
+from schemakit import decision_of
 from test_poison import own_broker  # noqa: F401  (a fixture)
 from test_service import (
     create_topics,
@@ -133,7 +134,7 @@ def _all_decided(bootstrap: str, t: dict[str, str], n: int, timeout: float = 120
     got: list[dict[str, Any]] = []
 
     def done() -> bool:
-        got[:] = [json.loads(m["payload"]) for m in read_committed(bootstrap, t["decisions"])]
+        got[:] = [decision_of(m["payload"]) for m in read_committed(bootstrap, t["decisions"])]
         return len({d["source"] for d in got}) >= n
     wait_for(f"{n} decisions", done, timeout)
     return got

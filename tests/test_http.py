@@ -149,7 +149,7 @@ def test_check_json_page_object() -> None:
         assert d["resemblance"] > 0.9 and d["ld_estimate"] > 1000  # the scores behind it
         r = await c.post("/v1/check", json={"url": "http://r/3", "html": first})
         d = (await r.json())["decision"]
-        assert (d["reason"], d["duplicate_of"]) == ("exact", {"page_id": 0, "url": "http://r/1"})
+        assert (d["reason"], d["duplicate_of"]) == ("exact", {"page_id": "0", "url": "http://r/1"})
     _run(state, go)
 
 

@@ -144,7 +144,7 @@ def test_oversize_outputs_are_reduced_to_fit() -> None:
     assert reduced == ["decision", "kept"]
     assert all(m.size() <= limit for m in msgs)
     decision, ref = msgs
-    assert json.loads(decision.value)["page_id"] == 1
+    assert json.loads(decision.value)["page_id"] == "1"
     assert dict(ref.headers)["stream-dedup-ref"] == b"in/0/7" and ref.value == b""
     item = Rejected(url, "bad-json", "nope", "in/0/7", b"z" * 50_000)
     reject = Decision(url, "reject", "bad-json", error="nope", source="in/0/7")

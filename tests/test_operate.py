@@ -34,6 +34,7 @@ from opskit import (
     samples,
     wait_for,
 )
+from schemakit import decision_of
 from test_service import committed_and_end
 
 from stream_dedup.sample import build
@@ -144,8 +145,8 @@ def _metrics(running: Running) -> str:
 @pytest.mark.kafka
 def test_metrics_agree_with_the_topics(running: Running) -> None:
     text = _metrics(running)
-    decisions = [json.loads(m["payload"]) for m in _consume(running.bootstrap,
-                                                            running.topics["decisions"])]
+    decisions = [decision_of(m["payload"]) for m in _consume(running.bootstrap,
+                                                             running.topics["decisions"])]
     assert len(decisions) == running.sent
     counted = Counter(f'{{decision="{d["decision"]}",reason="{d["reason"]}"}}'
                       for d in decisions)
@@ -181,7 +182,7 @@ def test_readyz_check_and_stats_on_the_service(running: Running) -> None:
         running.url + "/v1/check?" + urllib.parse.urlencode({"url": "http://elsewhere/"}),
         data=page.html.encode(), headers={"Content-Type": "text/html; charset=utf-8"})
     with urllib.request.urlopen(req, timeout=10) as resp:
-        d = json.loads(resp.read())["decision"]
+        d = decision_of(json.dumps(json.loads(resp.read())["decision"]))
     assert (d["decision"], d["reason"]) == ("drop", "exact")
     # two partitions: the article or its tracking-URL copy may have been kept first
     assert d["duplicate_of"]["url"] in (page.url, page.url + "?utm_source=feed")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from opskit import DEPLOY, free_broker_port, free_port, get, samples, wait_for
+from schemakit import decision_of
 from test_service import (
     committed_and_end,
     create_topics,
@@ -93,7 +94,7 @@ def test_poison_records_become_dead_letters_and_the_stream_goes_on(
     assert svc.stop() == 0
 
     messages = kcat_consume(b, t["decisions"])
-    got = [json.loads(m["payload"]) for m in messages]
+    got = [decision_of(m["payload"]) for m in messages]
     assert [d["source"] for d in got] == [f"{t['input']}/0/{i}" for i in range(total)]
     poison_decisions = got[1::2]
     assert [(d["decision"], d["reason"]) for d in poison_decisions] == [

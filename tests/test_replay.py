@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from opskit import alive, children, identity, proc_stat, wait_for
+from schemakit import decisions_in
 from test_units import _ready_pool
 from warcgen import split_cases
 
@@ -32,7 +33,7 @@ def sample(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, list]:
 def _run(tmp_path: Path, *args: str) -> list[dict]:  # type: ignore[type-arg]
     out = tmp_path / "decisions.jsonl"
     assert main(["replay", *args, "-o", str(out), "-q"]) == 0
-    return [json.loads(line) for line in out.read_text().splitlines()]
+    return decisions_in(out.read_text().splitlines())  # each checked against the schema
 
 
 def test_golden_decisions_in_input_order(sample, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
@@ -110,6 +111,7 @@ def test_archives_read_in_parts_give_byte_identical_outputs(
                      str(dead), "--summary-json", str(summary)]) == 0
         got[w] = out.read_bytes(), dead.read_bytes(), json.loads(summary.read_text())
     assert got[workers][:2] == got["1"][:2] and got["1"][0].count(b"\n") > 100
+    decisions_in(got["1"][0].splitlines())  # valid decisions (the workers': the same)
     assert got[workers][2]["unsplit_inputs"] == [str(split_archives["stream.warc.gz"])]
     assert got["1"][2]["unsplit_inputs"] == []  # one process reads everything anyway
     err = capsys.readouterr().err

@@ -20,6 +20,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from opskit import wait_for
+from schemakit import decision_of
 
 from stream_dedup.config import Settings
 from stream_dedup.kafka_client import make_producer, send_now
@@ -69,7 +70,8 @@ def kcat_consume(bootstrap: str, topic: str) -> list[dict[str, Any]]:
 
 
 def decisions_of(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    return [json.loads(m["payload"]) for m in kcat_consume(bootstrap, topic)]
+    """The decisions on a topic, each checked against docs/decision.schema.json."""
+    return [decision_of(m["payload"]) for m in kcat_consume(bootstrap, topic)]
 
 
 def page_message(p: SamplePage) -> tuple[str, bytes]:

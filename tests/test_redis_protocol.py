@@ -285,3 +285,34 @@ def test_an_index_is_opened_only_with_the_parameters_it_was_made_with(redis_url:
     old.close()
     with pytest.raises(IndexMismatchError, match="another version .*format 5.* is 6"):
         RedisIndex(redis_url, 1)
+
+
+def test_a_key_new_to_its_bucket_goes_at_its_end_once(redis_url: str) -> None:
+    """Most joins are of keys new to their bucket: the entry goes at the bucket's end, the
+    other keys' entries as they were; a page asking again before its claim (its batch
+    retried) finds its own entries and adds none, in any of its keys."""
+    import numpy as np
+
+    from stream_dedup.index.base import Probe
+
+    flush_redis(redis_url)
+    index = RedisIndex(redis_url, 1)
+    layout, client = index.layout, index.client
+    other = layout.buckets * SHARDS + 7  # the bucket of feature 7, another field
+    first = Probe(OLD, 11, 12, np.array([other], dtype=np.uint64), 13)
+    index.lookup([first])
+    key, neighbour = layout.set_key(b"", 7), layout.set_key(b"", other)
+    before = client.get(_bucket(key))
+    page = Probe(YOUNG, 21, 22, np.array([7, 8], dtype=np.uint64), 23)
+    index.lookup([page])
+    after = client.get(_bucket(key))
+    assert after[: len(before)] == before and len(after) == len(before) + 3 + REF_BYTES
+    ref = int.from_bytes(index._refs[YOUNG], "big")
+    assert set_members(after, key) == {ref: 0}
+    assert set_members(after, neighbour) == {int.from_bytes(index._refs[OLD], "big"): 0}
+    keys = layout.probe_shards(page)[0]
+    blobs = [client.get(_bucket(k)) for k in keys]
+    assert index.lookup([page])[0].prior is None  # delivered again, still PENDING
+    assert [client.get(_bucket(k)) for k in keys] == blobs
+    assert all(set_members(b, k) == {ref: 0} for b, k in zip(blobs, keys, strict=True))
+    index.close()

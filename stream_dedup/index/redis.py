@@ -21,8 +21,10 @@ docs/scale-out.md; in short:
                retires the one it replaces: KEEP -> R, its record deleted, its id out of
                its keys.
 
-What is stored where, and the scripts the server runs: redis_layout.py; connecting and a
-round of script calls: redis_client.py.
+The rounds: redis_reads.py (join and read the sets, peek at the pages seen, wait, sweep)
+and redis_records.py (claim, leave, retire; the records read back). What is stored where:
+redis_layout.py; the scripts the server runs: redis_scripts.py; connecting and a round of
+script calls: redis_client.py.
 """
 
 from __future__ import annotations
@@ -31,11 +33,10 @@ import logging
 import random
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..errors import IndexUnavailable
 from ..models import position_id
 from .base import (
     WAIT,
@@ -48,36 +49,16 @@ from .base import (
     near_candidates,
     weak_candidates,
 )
-from .redis_client import ANY, Observe, ScriptClient, connect, shard_of
-from .redis_layout import (
-    BUCKETS,
-    FORMAT,
-    REF_BYTES,
-    SHARDS,
-    Layout,
-    decode_decision,
-    decode_doc,
-    doc_probe,
-    encode_decision,
-    encode_doc,
-    id_bytes,
-)
+from .redis_client import Observe, connect
+from .redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
+from .redis_reads import _EMPTY, SetRounds
 
 log = logging.getLogger("stream_dedup.index")
 
 LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
-WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
-CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
-CACHED_REFS = 200_000  # refs known (of the pages decided here and of those seen)
-# Pages whose records went to the records store before their keep held, at most: one
-# left out is one whose keep another instance's copy won (the record is theirs too)
-# or whose record, if the page is dropped later, waits for retention instead.
-UNKEPT_HELD = 100_000
-_READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
-_EMPTY: list[int] = []
 
 
-class RedisIndex(ScriptClient):
+class RedisIndex(SetRounds):
     """A FeatureIndex shared by every instance that opens the same Redis."""
 
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
@@ -280,16 +261,6 @@ class RedisIndex(ScriptClient):
         return range(start, start + n)
 
     # --- the rounds -------------------------------------------------------------------
-    def expire_at(self, page_id: int) -> int:
-        """When a page's keys may go (epoch s): `retention_days` after its crawl time, the
-        time in its id (a Kafka record's timestamp; a replay's start), and not within the
-        hour (or the window, if shorter): an old page is still held while it and its races
-        are being decided. 0: no retention."""
-        if not self.retention_s:
-            return 0
-        now = int(time.time())
-        return max((page_id >> 56) // 1000 + self.retention_s, now + min(3600, self.retention_s))
-
     def _register(self, probes: Sequence[Probe]) -> list[Any]:
         """Each page's record PENDING (before any of its keys is joined: a page that sees
         it in a set finds its record), or the decision it already has."""
@@ -306,291 +277,7 @@ class RedisIndex(ScriptClient):
         return [decode_decision(record, p.page_id) if record else None
                 for p, (_, record, _) in zip(probes, found, strict=True)]
 
-    def _know(self, page_id: int, ref: bytes) -> None:
-        _remember(self._refs, page_id, ref, CACHED_REFS)
 
-    def _finally(self, page_id: int, state: str, ref: bytes | None = None) -> None:
-        """Remember a page's final state (if its ref is known)."""
-        ref = ref or self._refs.get(page_id)
-        if ref is not None:
-            _remember(self._final, int.from_bytes(ref, "big"), (state, page_id),
-                      CACHED_STATES)
-
-    def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
-              priors: list[Any], joined: Mapping[bytes, int] | None
-              ) -> tuple[list[list[list[int]]], list[bool]]:
-        """Each key's members, oldest first: exact layers their first few, features their
-        most recent `cap`, plus slack for pending and dropped ones. With `joined` (the
-        batch's own members per key), each page first joins its keys, in the same script
-        call (so of two pages sharing a key, the later call sees the other), and the window
-        has room for the batch's members (they would push stored ones out of it); then a
-        key that holds only pages of this batch reads as empty. The lists are not to be
-        changed (keys read as empty share one). Also, per page, whether any of its keys read
-        as other than empty (False: none did)."""
-        nodes = self._shard_nodes()
-        items: list[tuple[Any, bytes, Sequence[Any], int]] = []
-        # per item: its page's sets, the keys' indexes, the page's index
-        order: list[tuple[list[list[int]], list[int], int]] = []
-        out: list[list[list[int]]] = []
-        hit = [joined is None] * len(probes)
-        for p, page_keys, page_shards, prior in zip(probes, keys, shards, priors, strict=True):
-            sets: list[list[int]] = [_EMPTY] * len(page_keys)
-            out.append(sets)
-            if prior is not None:
-                continue
-            if joined is None:
-                for k, (key, shard) in enumerate(zip(page_keys, page_shards, strict=True)):
-                    items.append((nodes[shard], key, (key,), 1))
-                    order.append((sets, [k], len(out) - 1))
-                continue
-            # A page's keys on one node go in one item: its member and expiry once.
-            by_node: dict[Any, list[int]] = {}
-            for k, shard in enumerate(page_shards):
-                by_node.setdefault(nodes[shard], []).append(k)
-            member, at = self._refs[p.page_id], self.expire_at(p.page_id)
-            for node, ks in by_node.items():
-                node_keys = [page_keys[k] for k in ks]
-                items.append((node, node_keys[0], (member, at, len(ks), *node_keys), len(ks)))
-                order.append((sets, ks, len(out) - 1))
-        if joined is None:
-            header: Any = (self.cap + _READ_SLACK, _READ_SLACK)
-        else:  # keys more than one page of the batch joins, per node
-            extra: dict[Any, list[Any]] = {}
-            for key, n in joined.items():
-                if n != 1:
-                    extra.setdefault(nodes[shard_of(key)], []).extend((key, n))
-            header = {node: (self.cap + _READ_SLACK, _READ_SLACK, len(kv) // 2, *kv)
-                      for node, kv in extra.items()}
-            header[ANY] = (self.cap + _READ_SLACK, _READ_SLACK, 0)
-        if joined is None:
-            with self._call("read"):
-                replies = iter(self._rounds(("read", items, header))[0])
-            for sets, ks, _ in order:
-                for k in ks:
-                    sets[k] = sorted(map(int.from_bytes, next(replies)))
-        else:
-            with self._call("join"):
-                found = self._rounds(("join", items, header))[0]
-            for i, k, ids in found:
-                sets, ks, page = order[i]
-                sets[ks[k - 1]] = sorted(map(int.from_bytes, ids))
-                hit[page] = True
-        return out, hit
-
-    def _peek(self, seen: Mapping[int, int], flag: bool, fresh: Collection[int] = ()
-              ) -> tuple[dict[int, str], dict[int, int]]:
-        """The state and the page id of each page seen, by ref (flagging a younger pending
-        one, with `flag`: younger than the page of `seen` that saw it); of those in `fresh`
-        a cached KEEP is read again (it may have become R since)."""
-        states: dict[int, str] = {}
-        ids: dict[int, int] = {}
-        for r in seen:
-            cached = self._final.get(r)
-            if cached is not None and not (cached[0] == "K" and r in fresh):
-                states[r], ids[r] = cached
-        ask = [r for r in seen if r not in states]
-        if not ask:
-            return states, ids
-        nodes = self._shard_nodes()
-        items = []
-        for r in ask:
-            key = self.layout.ref_key(r)
-            items.append((nodes[r % SHARDS], key, (key, id_bytes(seen[r]) if flag else b""), 1))
-        with self._call("peek"):
-            replies = self._rounds(("peek", items, (self.layout.record_buckets,)))[0]
-        for r, (state, page) in zip(ask, replies, strict=True):
-            state = states[r] = state.decode() if isinstance(state, bytes) else str(state)
-            if page:
-                q = ids[r] = int.from_bytes(page, "big")
-                self._know(q, r.to_bytes(REF_BYTES, "big"))
-                if state in ("K", "D", "R"):
-                    _remember(self._final, r, (state, q), CACHED_STATES)
-        return states, ids
-
-    def _wait(self, waiting: set[int]) -> None:
-        """Pages waiting for an older page decided elsewhere: back off a little (they are
-        asked again next round), longer the longer they wait; after WAIT_S the batch is
-        given up (decided again later)."""
-        now = time.monotonic()
-        self._waiting = {p: self._waiting.get(p, now) for p in waiting}
-        if not waiting:
-            return
-        waited = now - min(self._waiting.values())
-        if waited > WAIT_S:
-            self._waiting = {}
-            raise IndexUnavailable(f"{len(waiting)} pages waited {WAIT_S:.0f} s for older "
-                                   "pages another instance is deciding")
-        time.sleep(min(0.5, 0.01 + waited / 8))
-
-    def _sweep(self, keys: list[list[bytes]], members: list[list[list[int]]],
-               states: Mapping[int, str], mine: Collection[int]) -> None:
-        """Members of other batches that will never count again leave their sets: drops
-        whose own leaving failed, and pages past their lease (an instance that died; one
-        that did not joins again when it asks again). Not an absent record: it may be a
-        page whose keys were written before its record, in the same round. (By ref.)"""
-        gone: dict[int, dict[bytes, None]] = {}
-        for page_keys, sets in zip(keys, members, strict=True):
-            for key, ids in zip(page_keys, sets, strict=True):
-                for q in ids:
-                    if q not in mine and states.get(q) in ("X", "D", "R"):
-                        gone.setdefault(q, {})[key] = None
-        if gone:
-            with self._call("sweep"):
-                self._rounds(("leave", [item for q, q_keys in gone.items() for item in
-                                        self._leave(q.to_bytes(REF_BYTES, "big"),
-                                                    list(q_keys))], ()))
-
-    def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
-        docs = {h: self._records[h] for h in handles if h in self._records}
-        ask = [h for h in handles if h not in docs]
-        if not ask:
-            return docs
-        if self.records is not None:
-            replies = self._on_records(lambda pipe: [pipe.get(self.layout.doc_key(h))
-                                                     for h in ask])
-        else:
-            nodes = self._shard_nodes()
-            items = []
-            for h in ask:
-                key = self.layout.record_key(h)
-                items.append((nodes[h % SHARDS], key, (key,), 1))
-            with self._call("docs"):
-                replies = self._rounds(("records", items, ()))[0]
-        for h, raw in zip(ask, replies, strict=True):
-            if raw is None:  # gone (retention) since its state was read
-                if (ref := self._refs.get(h)) is not None:
-                    self._final.pop(int.from_bytes(ref, "big"), None)
-            else:
-                docs[h] = decode_doc(raw, h)
-                _remember(self._records, h, docs[h], CACHED_RECORDS)
-        return docs
-
-    def _write_docs(self, claims: Sequence[Claim], which: list[int]) -> None:
-        """The verification records of the keeps among `which`, to the records store."""
-        kept = [claims[i] for i in which if claims[i].doc is not None]
-        if not kept or self.records is None:
-            return
-
-        def write(pipe: Any) -> None:
-            for c in kept:
-                assert c.doc is not None
-                at = self.expire_at(c.probe.page_id)
-                pipe.set(self.layout.doc_key(c.probe.page_id), encode_doc(c.doc),
-                         exat=at or None)
-                _remember(self._unkept, c.probe.page_id, None, UNKEPT_HELD)
-
-        self._on_records(write)
-
-    def _forget_docs(self, page_ids: list[int]) -> None:
-        """Records written to the records store for pages then dropped (a keep claim lost,
-        decided again): nothing reads them; best effort (retention takes what is left)."""
-        if not page_ids or self.records is None:
-            return
-        try:
-            self._on_records(lambda pipe: [pipe.delete(self.layout.doc_key(q))
-                                           for q in page_ids])
-        except IndexUnavailable:
-            return
-        for q in page_ids:
-            self._unkept.pop(q, None)
-
-    def _on_records(self, fill: Callable[[Any], object]) -> list[Any]:
-        """One round trip to the records store: the commands `fill` puts in a pipeline."""
-        assert self.records is not None
-        with self._call("docs"):
-            pipe = self.records.pipeline(transaction=False)
-            fill(pipe)
-            return self._execute(pipe)
-
-    def _finish(self, claims: Sequence[Claim], which: list[int], won: list[bool],
-                leave: list[Any]) -> list[Any]:
-        """Finish the claims `which` (in the same round trip, `leave`: drops of the round
-        before leaving their keys); the drops won now, to leave their keys."""
-        if not which:
-            return leave
-        self._write_docs(claims, which)
-        nodes = self._shard_nodes()
-        items = []
-        for i in which:
-            c = claims[i]
-            key = self.layout.record_key(c.probe.page_id)
-            doc = b"" if c.doc is None or self.records is not None else encode_doc(c.doc)
-            items.append((nodes[c.probe.page_id % SHARDS], key, (
-                key, b"D" if c.doc is None else b"K", encode_decision(c.decision), doc), 1))
-        with self._call("claim"):
-            replies = self._rounds(("finish", items, (self.listpack_value,)),
-                                   ("leave", leave, ()))[0]
-        leave, unkept = [], []
-        for i, reply in zip(which, replies, strict=True):
-            c = claims[i]
-            won[i] = reply in (b"ok", "ok")
-            if won[i]:
-                self._finally(c.probe.page_id, "D" if c.doc is None else "K")
-                if c.doc is None:  # a dropped page leaves its keys (it reads as DROP; its
-                    # ref forgotten, which a batch never is: readers' sweeps take it out)
-                    ref = self._refs.get(c.probe.page_id)
-                    if ref is not None:
-                        leave += self._leave(ref, *self.layout.probe_shards(c.probe))
-                    if c.probe.page_id in self._unkept:
-                        unkept.append(c.probe.page_id)
-                else:
-                    self._unkept.pop(c.probe.page_id, None)
-        self._forget_docs(unkept)
-        return leave
-
-    def _replaced(self, stored: list[int], in_batch: Mapping[int, Probe]
-                  ) -> list[tuple[int, Probe | None]]:
-        """Versions to retire, each with its keys as its probe gave them: `in_batch`'s
-        known, `stored`'s from their verification records (None: gone, the record only)."""
-        docs = self._docs(list(dict.fromkeys(stored))) if stored else {}
-        out: list[tuple[int, Probe | None]] = list(in_batch.items())
-        out += [(q, doc_probe(docs[q]) if q in docs else None) for q in stored]
-        return out
-
-    def _retire(self, versions: list[tuple[int, Probe | None]], leave: list[Any],
-                count: int) -> None:
-        """One round trip: each version's record KEEP -> R (its verification record in the
-        index's Redis deleted with it) and its ref leaves its keys; also `leave` (drops
-        leaving theirs) and the count of pages held by `count`. Then the records store
-        forgets theirs (best effort) and the caches do."""
-        nodes = self._shard_nodes()
-        items = []
-        unknown: list[tuple[int, Probe]] = []  # versions whose refs this instance forgot
-        for q, probe in versions:
-            key = self.layout.record_key(q)
-            items.append((nodes[q % SHARDS], key, (key,), 1))
-            if probe is not None:
-                ref = self._refs.get(q)
-                if ref is None:
-                    unknown.append((q, probe))
-                else:
-                    leave = leave + self._leave(ref, *self.layout.probe_shards(probe))
-        with self._call("claim"):
-            found = self._rounds(("leave", leave, ()), ("retire", items, ()), count=count)[1]
-        refs = {q: ref for (q, _), (_, ref) in zip(versions, found, strict=True) if ref}
-        later = [item for q, probe in unknown if q in refs
-                 for item in self._leave(refs[q], *self.layout.probe_shards(probe))]
-        if later:  # (their records give their refs: one more round trip, rarely)
-            with self._call("claim"):
-                self._rounds(("leave", later, ()))
-        for q, _ in versions:
-            self._finally(q, "R", refs.get(q))
-            self._records.pop(q, None)
-        self._forget_docs([q for q, _ in versions])
-
-    def _leave(self, member: bytes, keys: list[bytes], shards: list[int] | None = None
-               ) -> list[Any]:
-        """Items of a "leave" call: `member` leaves `keys` (`shards`: theirs, if known)."""
-        if shards is None:
-            shards = [shard_of(key) for key in keys]
-        nodes = self._shard_nodes()
-        by_node: dict[Any, list[bytes]] = {}
-        for key, shard in zip(keys, shards, strict=True):
-            by_node.setdefault(nodes[shard], []).append(key)
-        return [(node, node_keys[0], (member, len(node_keys), *node_keys), 0)
-                for node, node_keys in by_node.items()]
-
-    # --- plumbing ---------------------------------------------------------------------
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
         candidates of either tier, as decide.py ranks them (the batch's own pages never push
@@ -628,7 +315,3 @@ class RedisIndex(ScriptClient):
             self.records.close()
 
 
-def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
-    cache[key] = value
-    if len(cache) > limit:
-        cache.popitem(last=False)

@@ -90,6 +90,7 @@ def id_bytes(page_id: int) -> bytes:
 
 
 _TAGS = [b"{%d}" % shard for shard in range(SHARDS)]
+BUCKET_ENDS = [len(tag) + 4 for tag in _TAGS]  # where a key's bucket name ends, by shard
 _SETS, _EXACT, _RECS, _REFS = ([tag + letter for tag in _TAGS]
                                for letter in (b"S", b"X", b"P", b"Q"))
 # An exact entry's field: its kind in the top 2 bits of 56, then its key's bits above the

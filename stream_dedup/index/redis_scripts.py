@@ -14,33 +14,37 @@ from __future__ import annotations
 from .redis_layout import FEATURE_FIELD, ID_BYTES, REF_BYTES, SHARDS, SWEEP_S
 
 _FLAGS = "#!lua flags=allow-cross-slot-keys\n"
+# (a local is found faster than a global's field)
+_ALIASES = """
+local call, find, sub, byte, char = redis.call, string.find, string.sub, string.byte, string.char
+"""
 
-_COMMON = """
-local t = redis.call('TIME')
+_COMMON = _ALIASES + """
+local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nows = tonumber(t[1])
 local function split(k)  -- an entry's key: its bucket, its field
-  local c = string.find(k, '}', 1, true)
-  return string.sub(k, 1, c + 4), string.sub(k, c + 5)
+  local c = find(k, '}', 1, true)
+  return sub(k, 1, c + 4), sub(k, c + 5)
 end
 local function u32(s, p)
-  local a, b, c, d = string.byte(s, p, p + 3)
+  local a, b, c, d = byte(s, p, p + 3)
   return ((a * 256 + b) * 256 + c) * 256 + d
 end
 local function be32(n)
-  return string.char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
-                     math.floor(n / 256) % 256, n % 256)
+  return char(math.floor(n / 16777216) % 256, math.floor(n / 65536) % 256,
+              math.floor(n / 256) % 256, n % 256)
 end
 local function older(a, b)  -- ids (or refs) a < b, byte by byte ('<' follows the locale)
   for i = 1, #a do
-    local x, y = string.byte(a, i), string.byte(b, i)
+    local x, y = byte(a, i), byte(b, i)
     if x ~= y then return x < y end
   end
   return false
 end
 local function expire(bucket, at)  -- a bucket lives as long as its newest entry
-  redis.call('EXPIREAT', bucket, at, 'NX')
-  redis.call('EXPIREAT', bucket, at, 'GT')
+  call('EXPIREAT', bucket, at, 'NX')
+  call('EXPIREAT', bucket, at, 'GT')
 end
 local swept = {}
 """
@@ -52,46 +56,53 @@ local swept = {}
 # the string (memmem) at an entry's start; a set's members are adjacent, in id order.
 _SETS = """
 local function layout(blob, w)  -- header bytes, entry bytes
-  if string.byte(blob, 1) == 101 then return 5, w + REF_BYTES + 4 end
+  if byte(blob, 1) == 101 then return 5, w + REF_BYTES + 4 end
   return 1, w + REF_BYTES
 end
--- The members of `field` (not past their time), their expiries, and where its entries start
--- and end (exclusive) in `blob` (absent: both at its end; no blob: nil).
-local function run(blob, field)
-  if not blob then return {}, {}, nil, nil end
-  local w, n = #field, #blob
-  local h, e = layout(blob, w)
+-- Where `field`'s first entry starts in `blob` (nil: it has none). A search of the string
+-- (memmem) finds it wherever it is; a match counts only at an entry's start.
+local function locate(blob, field)
+  local h, e = layout(blob, #field)
   local p = h + 1
   while true do
-    local q = string.find(blob, field, p, true)
-    if not q then return {}, {}, n + 1, n + 1 end
-    if (q - h - 1) % e == 0 then
-      local ids, exps, s = {}, {}, q
-      while q <= n and string.sub(blob, q, q + w - 1) == field do
-        local x = h == 5 and u32(blob, q + w + REF_BYTES) or 0
-        if x == 0 or x >= nows then
-          ids[#ids + 1] = string.sub(blob, q + w, q + w + REF_BYTES - 1)
-          exps[#exps + 1] = x
-        end
-        q = q + e
-      end
-      return ids, exps, s, q
-    end
+    local q = find(blob, field, p, true)
+    if not q or (q - h - 1) % e == 0 then return q end
     p = q + 1
   end
 end
+-- The members of `field` (not past their time), their expiries, and where its entries start
+-- and end (exclusive) in `blob` (absent: both at its end; no blob: nil); `q`: where they
+-- start, if known (locate).
+local function run(blob, field, q)
+  if not blob then return {}, {}, nil, nil end
+  q = q or locate(blob, field)
+  local n = #blob
+  if not q then return {}, {}, n + 1, n + 1 end
+  local w = #field
+  local h, e = layout(blob, w)
+  local ids, exps, s = {}, {}, q
+  while q <= n and sub(blob, q, q + w - 1) == field do
+    local x = h == 5 and u32(blob, q + w + REF_BYTES) or 0
+    if x == 0 or x >= nows then
+      ids[#ids + 1] = sub(blob, q + w, q + w + REF_BYTES - 1)
+      exps[#exps + 1] = x
+    end
+    q = q + e
+  end
+  return ids, exps, s, q
+end
 local function save(bucket, blob, h)
   if #blob == h then
-    redis.call('DEL', bucket)
+    call('DEL', bucket)
   else
-    redis.call('SET', bucket, blob, 'KEEPTTL')
+    call('SET', bucket, blob, 'KEEPTTL')
   end
 end
 -- `blob` with the entries from s to t (exclusive) replaced by field's `ids` (a bucket turns
 -- 'e' when an entry has an expiry, and stays so)
 local function write(bucket, blob, field, s, t, ids, exps)
   local w = #field
-  local timed = blob ~= nil and blob ~= false and string.byte(blob, 1) == 101
+  local timed = blob ~= nil and blob ~= false and byte(blob, 1) == 101
   if not timed then
     for i = 1, #exps do
       if exps[i] ~= 0 then timed = true break end
@@ -100,32 +111,32 @@ local function write(bucket, blob, field, s, t, ids, exps)
   if not blob then
     blob = timed and 'e' .. be32(nows + SWEEP_S) or 'n'
     s, t = #blob + 1, #blob + 1
-  elseif timed and string.byte(blob, 1) ~= 101 then  -- each entry gets "never"
+  elseif timed and byte(blob, 1) ~= 101 then  -- each entry gets "never"
     local e, parts = w + REF_BYTES, {'e' .. be32(nows + SWEEP_S)}
     for q = 2, #blob, e do
-      parts[#parts + 1] = string.sub(blob, q, q + e - 1) .. '\\0\\0\\0\\0'
+      parts[#parts + 1] = sub(blob, q, q + e - 1) .. '\\0\\0\\0\\0'
     end
     s, t = 6 + (s - 2) / e * (e + 4), 6 + (t - 2) / e * (e + 4)
     blob = table.concat(parts)
   end
-  local parts = {string.sub(blob, 1, s - 1)}
+  local parts = {sub(blob, 1, s - 1)}
   for i = 1, #ids do
     parts[#parts + 1] = field
     parts[#parts + 1] = ids[i]
     if timed then parts[#parts + 1] = be32(exps[i]) end
   end
-  parts[#parts + 1] = string.sub(blob, t)
+  parts[#parts + 1] = sub(blob, t)
   save(bucket, table.concat(parts), timed and 5 or 1)
 end
 local function sweep_set(bucket, w)  -- drop every entry past its time, every SWEEP_S
   if swept[bucket] then return end
   swept[bucket] = true
-  local blob = redis.call('GET', bucket)
-  if not blob or string.byte(blob, 1) ~= 101 or u32(blob, 2) > nows then return end
+  local blob = call('GET', bucket)
+  if not blob or byte(blob, 1) ~= 101 or u32(blob, 2) > nows then return end
   local e, parts = w + REF_BYTES + 4, {'e' .. be32(nows + SWEEP_S)}
   for q = 6, #blob, e do
     local x = u32(blob, q + w + REF_BYTES)
-    if x == 0 or x >= nows then parts[#parts + 1] = string.sub(blob, q, q + e - 1) end
+    if x == 0 or x >= nows then parts[#parts + 1] = sub(blob, q, q + e - 1) end
   end
   save(bucket, table.concat(parts), 5)
 end
@@ -144,10 +155,10 @@ local function record(v)  -- false when absent or past its time
   return v
 end
 local function lease_end(v)
-  return tonumber(string.sub(v, REF_BYTES + 6, string.sub(v, -1) == 'f' and -2 or -1))
+  return tonumber(sub(v, REF_BYTES + 6, sub(v, -1) == 'f' and -2 or -1))
 end
 local function be24(n)
-  return string.char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
+  return char(math.floor(n / 65536) % 256, math.floor(n / 256) % 256, n % 256)
 end
 local function record_bucket(tag, id, buckets)  -- (Layout.record_key)
   return tag .. 'P' .. be24(math.floor(u32(id, ID_BYTES - 3) / SHARDS) % buckets)
@@ -155,28 +166,29 @@ end
 local function sweep(bucket, refs)  -- drop every record (ref) past its time, every SWEEP_S
   if swept[bucket] then return end
   swept[bucket] = true
-  local due = redis.call('HGET', bucket, '~')
+  local due = call('HGET', bucket, '~')
   if due and tonumber(due) > nows then return end
-  local all = redis.call('HGETALL', bucket)
+  local all = call('HGETALL', bucket)
   for i = 1, #all, 2 do
     local f, v = all[i], all[i + 1]
     if f ~= '~' and (refs and #v > ID_BYTES and u32(v, ID_BYTES + 1) < nows
                      or not refs and not record(v)) then
-      redis.call('HDEL', bucket, f)
+      call('HDEL', bucket, f)
     end
   end
-  redis.call('HSET', bucket, '~', tostring(nows + SWEEP_S))
+  call('HSET', bucket, '~', tostring(nows + SWEEP_S))
 end
 """
 
 # Sets. ARGV: how many members to read of a feature (its newest) and of an exact layer (its
 # oldest) besides the batch's own members of the key; how many keys have other than 1 of
 # those, then each such key and its number; then per page: its member, its expiry (epoch s,
-# '0' none), how many of its keys follow, the keys. A feature keeps its newest 2 x (read +
-# own) members (older ones are never read). Returns, for each key that holds members other
-# than the call's own (its pages'), the page's number in the call, the key's number among
-# the page's keys (both from 1), and the members read, the call's own among them; nothing
-# for the other keys (most: new keys).
+# '0' none), how many of its keys follow, the keys, each as two: its bucket, its field (a
+# script that splits them costs more than the client that does). A feature keeps its
+# newest 2 x (read + own) members (older ones are never read). Returns, for each key that
+# holds members other than the call's own (its pages'), the page's number in the call, the
+# key's number among the page's keys (both from 1), and the members read, the call's own
+# among them; nothing for the other keys (most: new keys).
 _JOIN = _FLAGS + _COMMON + _SETS + """
 local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
 local mine, i = {}, 4
@@ -187,43 +199,64 @@ end
 local ours, first, n = {}, i, #ARGV
 while i <= n do
   ours[ARGV[i]] = true
-  i = i + 3 + tonumber(ARGV[i + 2])
+  i = i + 3 + 2 * tonumber(ARGV[i + 2])
+end
+-- Member m joins the set of a key (its bucket, its field), its expiry `at`; the members
+-- read if the set holds any besides m (else nil).
+local function join(bucket, field, m, at)
+  local blob = call('GET', bucket)
+  local timed = blob and byte(blob, 1) == 101
+  local q = blob and locate(blob, field)
+  if not q and (timed or at == 0) then
+    -- Most keys are new: the entry goes at the bucket's end (the key has no other to stay
+    -- next to). A page that joined before finds its own entry (below): never two. (SET,
+    -- not APPEND: an appended string keeps room to grow, up to its length again.)
+    if timed then
+      call('SET', bucket, blob .. field .. m .. be32(at), 'KEEPTTL')
+    else
+      call('SET', bucket, (blob or 'n') .. field .. m, 'KEEPTTL')
+    end
+    return nil
+  end
+  local ids, exps, s, t = run(blob, field, q)
+  local x, same = #ids + 1, false
+  while x > 1 and not older(ids[x - 1], m) do x = x - 1 end
+  if ids[x] == m then
+    same = exps[x] == at  -- joined before with this expiry
+    exps[x] = at
+  else
+    table.insert(ids, x, m)
+    table.insert(exps, x, at)
+  end
+  local feature, own = #field == FEATURE_FIELD, mine[bucket .. field] or 1
+  for _ = 1, #ids - (feature and 2 * (nf + own) or #ids) do
+    table.remove(ids, 1)
+    table.remove(exps, 1)
+    same = false
+  end
+  if not same then write(bucket, blob, field, s, t, ids, exps) end
+  if #ids < 2 then return nil end
+  local read = {}
+  if feature then
+    for y = math.max(1, #ids - nf - own + 1), #ids do read[#read + 1] = ids[y] end
+  else
+    for y = 1, math.min(#ids, nx + own) do read[#read + 1] = ids[y] end
+  end
+  return read
 end
 local out, page = {}, 0
 i = first
 while i <= n do
-  local m, at, last = ARGV[i], tonumber(ARGV[i + 1]), i + 2 + tonumber(ARGV[i + 2])
+  local m, at, last = ARGV[i], tonumber(ARGV[i + 1]), i + 2 + 2 * tonumber(ARGV[i + 2])
   page = page + 1
-  for j = i + 3, last do
-    local key = ARGV[j]
-    local bucket, field = split(key)
-    local blob = redis.call('GET', bucket)
-    local ids, exps, s, t = run(blob, field)
-    local x = #ids + 1
-    while x > 1 and not older(ids[x - 1], m) do x = x - 1 end
-    if ids[x] == m then
-      exps[x] = at
-    else
-      table.insert(ids, x, m)
-      table.insert(exps, x, at)
-    end
-    local feature, own = #field == FEATURE_FIELD, mine[key] or 1
-    for _ = 1, #ids - (feature and 2 * (nf + own) or #ids) do
-      table.remove(ids, 1)
-      table.remove(exps, 1)
-    end
-    write(bucket, blob, field, s, t, ids, exps)
-    if #ids > 1 then
-      local read = {}
-      if feature then
-        for y = math.max(1, #ids - nf - own + 1), #ids do read[#read + 1] = ids[y] end
-      else
-        for y = 1, math.min(#ids, nx + own) do read[#read + 1] = ids[y] end
-      end
+  for j = i + 3, last, 2 do
+    local bucket, field = ARGV[j], ARGV[j + 1]
+    local read = join(bucket, field, m, at)
+    if read then
       for _, q in ipairs(read) do
         if not ours[q] then
           out[#out + 1] = page
-          out[#out + 1] = j - i - 2
+          out[#out + 1] = (j - i - 1) / 2
           out[#out + 1] = read
           break
         end
@@ -246,7 +279,7 @@ local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV do
   local bucket, field = split(ARGV[i])
-  local ids = run(redis.call('GET', bucket), field)
+  local ids = run(call('GET', bucket), field)
   local read = {}
   if #field == FEATURE_FIELD then
     for x = math.max(1, #ids - nf + 1), #ids do read[#read + 1] = ids[x] end
@@ -265,7 +298,7 @@ while i <= #ARGV do
   local m, last = ARGV[i], i + 1 + tonumber(ARGV[i + 1])
   for j = i + 2, last do
     local bucket, field = split(ARGV[j])
-    local blob = redis.call('GET', bucket)
+    local blob = call('GET', bucket)
     local ids, exps, s, t = run(blob, field)
     if blob and s < t then
       for x = #ids, 1, -1 do
@@ -293,33 +326,33 @@ local out = {}
 for i = 3, #ARGV, 2 do
   local bucket, field = split(ARGV[i])
   local at = tonumber(ARGV[i + 1])
-  local v = record(redis.call('HGET', bucket, field))
-  local s = v and string.sub(v, 1, 1) or ''
+  local v = record(call('HGET', bucket, field))
+  local s = v and sub(v, 1, 1) or ''
   if s == 'K' or s == 'D' or s == 'R' then
-    local decision = string.sub(v, REF_BYTES + 6)
+    local decision = sub(v, REF_BYTES + 6)
     if decision == '>' then  -- in a key of its own (_FINISH)
-      decision = redis.call('GET', string.sub(bucket, 1, string.find(bucket, '}', 1, true))
+      decision = call('GET', sub(bucket, 1, find(bucket, '}', 1, true))
                             .. 'V' .. field)
     end
-    out[#out + 1] = {s, decision, string.sub(v, 6, REF_BYTES + 5)}
+    out[#out + 1] = {s, decision, sub(v, 6, REF_BYTES + 5)}
   else
-    local ref, flag = v and string.sub(v, 6, REF_BYTES + 5), v and string.sub(v, -1) == 'f'
-    local c = string.find(bucket, '}', 1, true)
-    local tag = string.sub(bucket, 1, c)
+    local ref, flag = v and sub(v, 6, REF_BYTES + 5), v and sub(v, -1) == 'f'
+    local c = find(bucket, '}', 1, true)
+    local tag = sub(bucket, 1, c)
     if not ref then
-      local n = redis.call('INCR', tag .. 'N')
-      local r = n * SHARDS + tonumber(string.sub(bucket, 2, c - 1))
-      ref = string.char(math.floor(r / 1099511627776) % 256, math.floor(r / 4294967296) % 256)
+      local n = call('INCR', tag .. 'N')
+      local r = n * SHARDS + tonumber(sub(bucket, 2, c - 1))
+      ref = char(math.floor(r / 1099511627776) % 256, math.floor(r / 4294967296) % 256)
             .. be32(r % 4294967296)
       local refs = tag .. 'Q' .. be24(n % buckets)
-      redis.call('HSET', refs, ref, at == 0 and field or field .. be32(at))
+      call('HSET', refs, ref, at == 0 and field or field .. be32(at))
       if at ~= 0 then
         expire(refs, at)
         sweep(refs, true)
       end
     end
     -- (a flag stays: it must read again before it may be kept)
-    redis.call('HSET', bucket, field, 'P' .. be32(at) .. ref .. lease .. (flag and 'f' or ''))
+    call('HSET', bucket, field, 'P' .. be32(at) .. ref .. lease .. (flag and 'f' or ''))
     if at ~= 0 then
       expire(bucket, at)
       sweep(bucket, false)
@@ -340,21 +373,21 @@ _PEEK = _FLAGS + _COMMON + _RECORD + """
 local out, buckets = {}, tonumber(ARGV[1])
 for i = 2, #ARGV, 2 do
   local refs, ref = split(ARGV[i])
-  local id = redis.call('HGET', refs, ref)
+  local id = call('HGET', refs, ref)
   if id and #id > ID_BYTES and u32(id, ID_BYTES + 1) < nows then id = false end
   local c = ''
   if id then
-    id = string.sub(id, 1, ID_BYTES)
-    local bucket = record_bucket(string.sub(refs, 1, string.find(refs, '}', 1, true)), id,
+    id = sub(id, 1, ID_BYTES)
+    local bucket = record_bucket(sub(refs, 1, find(refs, '}', 1, true)), id,
                                  buckets)
-    local v = record(redis.call('HGET', bucket, id))
-    c = v and string.sub(v, 1, 1) or ''
+    local v = record(call('HGET', bucket, id))
+    c = v and sub(v, 1, 1) or ''
     if c == 'P' then
       local seer = ARGV[i + 1]
       if lease_end(v) < now then
         c = 'X'
-      elseif seer ~= '' and older(seer, id) and string.sub(v, -1) ~= 'f' then
-        redis.call('HSET', bucket, id, v .. 'f')
+      elseif seer ~= '' and older(seer, id) and sub(v, -1) ~= 'f' then
+        call('HSET', bucket, id, v .. 'f')
       end
     end
   end
@@ -374,30 +407,30 @@ local out, longest = {}, tonumber(ARGV[1])
 for i = 2, #ARGV, 4 do
   local key = ARGV[i]
   local bucket, field = split(key)
-  local v = record(redis.call('HGET', bucket, field))
-  if not v or string.sub(v, 1, 1) ~= 'P' then
-    out[#out + 1] = v and string.sub(v, 1, 1) or ''
+  local v = record(call('HGET', bucket, field))
+  if not v or sub(v, 1, 1) ~= 'P' then
+    out[#out + 1] = v and sub(v, 1, 1) or ''
   else
     if lease_end(v) < now then
       out[#out + 1] = 'late'
-    elseif string.sub(v, -1) == 'f' then
-      redis.call('HSET', bucket, field, string.sub(v, 1, -2))
+    elseif sub(v, -1) == 'f' then
+      call('HSET', bucket, field, sub(v, 1, -2))
       out[#out + 1] = 'flagged'
     else
-      local expiry, tag = string.sub(v, 2, 5), string.sub(key, 1, string.find(key, '}', 1, true))
+      local expiry, tag = sub(v, 2, 5), sub(key, 1, find(key, '}', 1, true))
       local at, decision = u32(expiry, 1), ARGV[i + 2]
       local function put(k, value)
         if at == 0 then
-          redis.call('SET', k, value)
+          call('SET', k, value)
         else
-          redis.call('SET', k, value, 'EXAT', at)
+          call('SET', k, value, 'EXAT', at)
         end
       end
       if #decision + REF_BYTES + 5 > longest then
         put(tag .. 'V' .. field, decision)
         decision = '>'
       end
-      redis.call('HSET', bucket, field, ARGV[i + 1] .. string.sub(v, 2, REF_BYTES + 5) .. decision)
+      call('HSET', bucket, field, ARGV[i + 1] .. sub(v, 2, REF_BYTES + 5) .. decision)
       if ARGV[i + 3] ~= '' then put(tag .. 'D' .. field, ARGV[i + 3]) end
       out[#out + 1] = 'ok'
     end
@@ -415,26 +448,26 @@ local out = {}
 for i = 1, #ARGV do
   local key = ARGV[i]
   local bucket, field = split(key)
-  local v = record(redis.call('HGET', bucket, field))
-  local ref = v and string.sub(v, 6, REF_BYTES + 5)
-  if v and string.sub(v, 1, 1) == 'K' then
-    redis.call('HSET', bucket, field, 'R' .. string.sub(v, 2))
-    redis.call('DEL', string.sub(key, 1, string.find(key, '}', 1, true)) .. 'D' .. field)
+  local v = record(call('HGET', bucket, field))
+  local ref = v and sub(v, 6, REF_BYTES + 5)
+  if v and sub(v, 1, 1) == 'K' then
+    call('HSET', bucket, field, 'R' .. sub(v, 2))
+    call('DEL', sub(key, 1, find(key, '}', 1, true)) .. 'D' .. field)
     out[#out + 1] = {'ok', ref}
   else
-    out[#out + 1] = {v and string.sub(v, 1, 1) or '', ref}
+    out[#out + 1] = {v and sub(v, 1, 1) or '', ref}
   end
 end
 return out
 """
 
 # Records; the verification record of each (false: gone).
-_RECORDS = _FLAGS + """
+_RECORDS = _FLAGS + _ALIASES + """
 local out = {}
 for i = 1, #ARGV do
   local key = ARGV[i]
-  local c = string.find(key, '}', 1, true)
-  out[i] = redis.call('GET', string.sub(key, 1, c) .. 'D' .. string.sub(key, c + 5))
+  local c = find(key, '}', 1, true)
+  out[i] = call('GET', sub(key, 1, c) .. 'D' .. sub(key, c + 5))
 end
 return out
 """

@@ -17,8 +17,10 @@ repo=$(pwd)
 work=$(mktemp -d /tmp/stream-dedup-sanitize.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
-# Our own files only; the third-party corpora stay in ../shared (the corpus tests skip).
-tar -c --exclude='__pycache__' --exclude='*.so' setup.py pyproject.toml stream_dedup tests |
+# Our own files only (and the decision schema the tests check against); the third-party
+# corpora stay in ../shared (the corpus tests skip).
+tar -c --exclude='__pycache__' --exclude='*.so' setup.py pyproject.toml stream_dedup tests \
+    docs/decision.schema.json |
   tar -x -C "$work"
 (
   cd "$work"

@@ -220,6 +220,31 @@ def test_the_last_parts_of_a_file_shrink_so_the_processes_end_together(
     assert min(sizes[:-1]) >= unit // parts.TAPER
 
 
+def test_a_unit_s_pages_are_read_ahead_in_bounded_chunks() -> None:
+    """Pages come out in order, read READ_AHEAD_PAGES at a time (or fewer once their bodies
+    reach READ_AHEAD_BYTES): a chunk is read before the first of it is analysed."""
+    pulled: list[int] = []
+
+    def items(bodies: list[int]) -> Iterator[Page | Rejected]:
+        for n, size in enumerate(bodies):
+            pulled.append(n)
+            yield Page(f"http://e.example/{n}", b"x" * size) if size else \
+                Rejected(None, "bad-json", "not JSON")
+
+    many = [10] * (unit_read.READ_AHEAD_PAGES * 2 + 5) + [0]
+    got = unit_read._read_ahead(items(many))
+    first = next(got)
+    assert isinstance(first, Page) and first.url.endswith("/0")
+    assert len(pulled) == unit_read.READ_AHEAD_PAGES
+    rest = [first, *got]
+    assert [i.url if isinstance(i, Page) else i.kind for i in rest] == \
+        [f"http://e.example/{n}" for n in range(len(many) - 1)] + ["bad-json"]
+    pulled.clear()
+    big = unit_read.READ_AHEAD_BYTES // 3 + 1
+    next(unit_read._read_ahead(items([big] * 10)))
+    assert len(pulled) == 3
+
+
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="../shared/corpora/warc is absent")
 @pytest.mark.parametrize("workers", [2, 3])

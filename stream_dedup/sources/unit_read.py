@@ -34,6 +34,10 @@ UNIT_BYTES = 1 << 20
 # Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
 # so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
 REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
+# A unit's pages are read so many (or so many bytes of bodies) at a time and then analysed,
+# not one by one: reading (gunzip, FastWARC) and analysing (lexbor, tokens, sketches) then
+# each run with their own code and data in the core's caches.
+READ_AHEAD_PAGES, READ_AHEAD_BYTES = 32, 4 << 20
 
 
 class Memo:
@@ -189,10 +193,23 @@ def _items(unit: Unit, stats: SourceStats, end: PartEnd | None) -> Iterator[Page
     else:
         items = iter_jsonl_range(unit.path, unit.start, unit.end, unit.first_line, stats,
                                  name=unit.name)
-    for item in items:
+    for item in _read_ahead(items):
         if isinstance(item, Rejected) and item.kind == "unreadable-file":
             stats.unreadable.append(item.message)
         yield item
+
+
+def _read_ahead(items: Iterator[Page | Rejected]) -> Iterator[Page | Rejected]:
+    """`items`, read READ_AHEAD_PAGES or READ_AHEAD_BYTES at a time."""
+    chunk: list[Page | Rejected] = []
+    size = 0
+    for item in items:
+        chunk.append(item)
+        size += len(item.body) if isinstance(item, Page) else 0
+        if len(chunk) >= READ_AHEAD_PAGES or size >= READ_AHEAD_BYTES:
+            yield from chunk
+            chunk, size = [], 0
+    yield from chunk
 
 
 # An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,

@@ -18,7 +18,8 @@ writing, the analysis processes' start and stop: start-up of the pool included),
 `process` = the whole command, interpreter start and imports included (from cached bytecode,
 as an installed package has it: one untimed run of each checkout first). Pages/s are from the
 median of --rounds; the W/1 ratio is the ratio of the medians (the per-round ratios' median
-is printed too).
+is printed too). CPU W/1: the CPU seconds (user + system, workers included) of W processes
+against one: the work that splitting adds, steadier than wall time on a shared host.
 
 Bounds, measured in this process:
 - decide ceiling: pages/s of `Deduplicator.check_batch` (batches of 500) when every analysis
@@ -75,9 +76,9 @@ def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
 
 
 def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO,
-               extra: Sequence[str] = ()) -> tuple[float, float, int]:
-    """(replay seconds from the summary, whole process seconds, pages) of the package in
-    `code` (a checkout); `extra`: more options."""
+               extra: Sequence[str] = ()) -> tuple[float, float, int, float]:
+    """(replay seconds from the summary, whole process seconds, pages, CPU seconds of the
+    process and its workers) of the package in `code` (a checkout); `extra`: more options."""
     with tempfile.NamedTemporaryFile(suffix=".json") as summary:
         cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
                str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
@@ -86,13 +87,16 @@ def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path 
         # is compiled at every start (~0.1 s before any work, one process's either way).
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPATH"] = str(code)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         # From within the checkout: `python -m` puts the working directory first on the
         # path, so from another checkout's root that checkout's code would run instead.
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=code)
         wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         s = json.loads(Path(summary.name).read_text())
-    return s["seconds"], wall, s["pages"]
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return s["seconds"], wall, s["pages"], cpu
 
 
 class Precomputed(AnalysisPool):
@@ -222,7 +226,7 @@ def main() -> None:
     counts = list(range(1, max(args.max_workers, 2) + 1))
     for path in codes.values():  # untimed: writes each checkout's bytecode cache
         run_replay([benchlib.WARCS / args.small], 2, args.batch_size, path)
-    got: dict[tuple[str, str, int], list[tuple[float, float, int]]] = {}
+    got: dict[tuple[str, str, int], list[tuple[float, float, int, float]]] = {}
     for r in range(args.rounds):
         for name, files in inputs.items():
             for code, path in codes.items():
@@ -256,14 +260,20 @@ def main() -> None:
             for k, label in ((0, "replay"), (1, "process")):
                 s1 = [x[k] for x in runs1]
                 m1 = statistics.median(s1)
+                cpu1 = statistics.median(x[3] for x in runs1)
                 for w in counts:
                     sw = [x[k] for x in got[(name, code, w)]]
                     mw = statistics.median(sw)
+                    cpu = statistics.median(x[3] for x in got[(name, code, w)])
                     rows.append([name, code, label, pages, w, mw, pages / mw, m1 / mw,
                                  median_ratio(s1, sw), f"{min(sw):.2f}-{max(sw):.2f}",
-                                 decide])
+                                 cpu, cpu / cpu1, decide])
     print(table(["input", "code", "timed", "pages", "W", "s", "pages/s", "W/1 (medians)",
-                 "W/1 (rounds)", "range s", "decide ceiling pages/s"], rows))
+                 "W/1 (rounds)", "range s", "CPU s", "CPU W/1", "decide ceiling pages/s"],
+                rows))
+    print("\n(CPU: user + system of the whole process and its workers, medians. Where the "
+          "processes are busy to the end, W/1 is at most the host's figure divided by "
+          "CPU W/1: the work more processes add)")
     print()
     print(table(["input", "decide ceiling pages/s", "replay ceiling pages/s"],
                 [[name, *c] for name, c in ceilings.items()]))

@@ -66,7 +66,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition  # noqa: E
 from throughput import create_topics, free_port  # noqa: E402  (bench/ is sys.path[0])
 
 from stream_dedup import Deduplicator, Settings  # noqa: E402
-from stream_dedup.kafka_client import install_tolerating_reader  # noqa: E402
+from stream_dedup.kafka_records import install_tolerating_reader  # noqa: E402
 from stream_dedup.models import position_id  # noqa: E402
 from stream_dedup.sample import build  # noqa: E402
 from stream_dedup.sources.kafka import page_from_message, source_of  # noqa: E402

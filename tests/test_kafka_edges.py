@@ -13,7 +13,8 @@ from aiokafka.record.util import calc_crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_dedup.kafka_client import RateLimitedLog, ToleratingRecords
+from stream_dedup.kafka_client import RateLimitedLog
+from stream_dedup.kafka_records import ToleratingRecords
 from stream_dedup.models import Decision, Page, Rejected
 from stream_dedup.sinks.kafka import Record, Topics, messages_for
 from stream_dedup.sources.kafka import page_from_message

@@ -9,17 +9,17 @@ import faulthandler
 import gc
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .cli_settings import setting_flags, settings_of
 from .config import Settings
-from .core import theory
 from .errors import ConfigError, StreamDedupError
 from .table_cache import load_tables
 
@@ -235,48 +235,10 @@ def _index(args: argparse.Namespace) -> int:
 
 
 def _curve(args: argparse.Namespace) -> int:
-    k, s, r = args.groups, args.group_size, args.threshold
-    rows = theory.curve(k, s, r, points=args.points, lo=args.low, hi=args.high)
-    print(f"{theory.curve_title(k, s, r)}: the probability that pages of resemblance rho "
-          f"share >= {r} of {k} features of {s} min-hashes")
-    print(f"50% point rho = {theory.half_point(k, s, r):.4f}; steepest for s={s} at "
-          f"rho = {theory.steepest_point(s):.4f}")
-    print(f"{'rho':>6}  {'P(drop)':>10}")
-    for rho, p in rows:
-        print(f"{rho:6.3f}  {p:10.6f}  {'#' * round(p * 40)}")
-    if args.png:
-        try:
-            fig = curve_figure(k, s, r, args.low, args.high)
-        except ImportError:
-            print("stream-dedup: --png needs matplotlib (pip install 'stream-dedup[plot]')",
-                  file=sys.stderr)
-            return 2
-        fig.savefig(args.png, dpi=120)
-        print(f"wrote {args.png}", file=sys.stderr)
-    return 0
+    from .curve import print_curve
 
-
-def curve_figure(k: int, s: int, r: int, low: float, high: float) -> Any:
-    """The acceptance curve over low..high as a matplotlib Figure, its 50 % point marked
-    and labelled where it falls in that range. Raises ImportError without matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from matplotlib.figure import Figure
-
-    fine = theory.curve(k, s, r, points=401, lo=low, hi=high)
-    fig = Figure(figsize=(6, 4))
-    ax = fig.subplots()
-    ax.plot([x for x, _ in fine], [y for _, y in fine], label=f"P, k={k} s={s} r={r}")
-    half = theory.half_point(k, s, r)
-    if low <= half <= high:
-        ax.axvline(half, ls=":", c="gray", label=f"50 % at rho = {half:.3f}")
-    ax.set(xlabel="resemblance rho", ylabel=f"P(share >= {r} of {k} features)",
-           title=theory.curve_title(k, s, r), xlim=(low, high), ylim=(0, 1))
-    ax.legend(loc="upper left", fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
+    return print_curve(args.groups, args.group_size, args.threshold, args.points, args.low,
+                       args.high, args.png)
 
 
 def _clusters(args: argparse.Namespace) -> int:
@@ -419,6 +381,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("stream-dedup: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # Whoever read the output went away (`replay ... -o - | head`): stop quietly, as
+        # `cat` does, with the status of a SIGPIPE; stdout now leads nowhere, so that the
+        # interpreter's last flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

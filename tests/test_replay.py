@@ -281,7 +281,7 @@ def test_options_that_cannot_work_are_one_line_errors(
 
 
 def test_curve_plot_is_titled_in_words_labelled_and_ranged(tmp_path: Path) -> None:
-    from stream_dedup.cli import curve_figure
+    from stream_dedup.curve import curve_figure
 
     ax = curve_figure(6, 14, 2, 0.7, 0.95).axes[0]
     assert ax.get_title() == "P(candidate) for 6 features of 14 min-hashes, r = 2"
@@ -401,3 +401,35 @@ def test_the_forked_workers_of_a_killed_replay_exit(slow_crawl: Path, tmp_path: 
     proc.kill()
     proc.communicate(timeout=60)
     assert _gone(worker), f"a worker still runs {GONE_WITHIN_S} s after SIGKILL of replay"
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_reader_that_stops_reading_ends_replay_quietly(
+        slow_crawl: Path, workers: int) -> None:
+    """`replay ... -o - | head -1`: once the reader is gone, replay stops with SIGPIPE's
+    status, no traceback, and leaves no worker behind."""
+    with subprocess.Popen([sys.executable, "-m", "stream_dedup", "replay", str(slow_crawl),
+                           "--workers", str(workers), "--batch-size", "10", "-o", "-", "-q"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()  # the first batch's: 190 pages are still to come
+        assert json.loads(first)["url"] == "https://slow.example/0"
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err and "Error" not in err, err
+    wait_for("no process of the replay's group left", lambda: not _group(proc.pid), timeout=10)
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes still in a process group."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found

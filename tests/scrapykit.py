@@ -14,17 +14,17 @@ of every page it gets, on the site's host only.
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 import random
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from stream_dedup.http.thread import BackgroundServer
 
 HTML_TYPE = "text/html; charset=utf-8"
 _VOCAB = [f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ri", "so", "tu", "va", "ze")
@@ -132,25 +132,25 @@ class SiteServer:
     def __init__(self, resources: dict[str, Resource]) -> None:
         self.resources = resources
         self.log: list[tuple[str, str]] = []
-        self.port = 0
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", self._handle)
+        self._server = BackgroundServer(app, "127.0.0.1", 0,
+                                        runner=lambda a: web.AppRunner(a, access_log=None))
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> SiteServer:
-        self._thread.start()
-        self._ready.wait(30)
+        self._server.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
+        self._server.__exit__(None, None, None)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         referer = request.headers.get("Referer", "")
@@ -166,21 +166,6 @@ class SiteServer:
             body = gzip.compress(body)
             headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, status=res.status, headers=headers)
-
-    async def _serve(self) -> None:
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = runner.addresses[0][1]
-        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
 
 
 # --- the crawl (run as a script: a subprocess of the test) -----------------------------------

@@ -262,6 +262,9 @@ def test_background_server_serves_and_reports_a_busy_port() -> None:
             pass
     with pytest.raises(OSError):  # closed
         get(f"http://127.0.0.1:{port}/healthz")
+    with BackgroundServer(build_app(state), "127.0.0.1", 0) as chosen:  # any free port
+        assert chosen.port != 0
+        assert get_json(f"http://127.0.0.1:{chosen.port}/v1/stats")["pages"] == 68
 
 
 @pytest.mark.parametrize("size", [20_000, 100_000])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from aiohttp import web
@@ -16,10 +17,13 @@ from .app import app_runner
 
 class BackgroundServer:
     """`with BackgroundServer(app, host, port):` serves `app` until the block ends.
-    A port that cannot be bound raises OSError on entry."""
+    A port that cannot be bound raises OSError on entry; once entered, `port` is the port
+    bound (with port 0, the one the system chose). `runner` makes the app's runner: by
+    default the service's (`build_app`'s apps only)."""
 
-    def __init__(self, app: web.Application, host: str, port: int) -> None:
-        self.app, self.host, self.port = app, host, port
+    def __init__(self, app: web.Application, host: str, port: int,
+                 runner: Callable[[web.Application], web.AppRunner] = app_runner) -> None:
+        self.app, self.host, self.port, self._runner = app, host, port, runner
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -44,10 +48,11 @@ class BackgroundServer:
         asyncio.run(self._serve())
 
     async def _serve(self) -> None:
-        runner = app_runner(self.app)
+        runner = self._runner(self.app)
         try:
             await runner.setup()
             await web.TCPSite(runner, self.host, self.port).start()
+            self.port = runner.addresses[0][1]
         except BaseException as exc:
             self._error = exc
             await runner.cleanup()

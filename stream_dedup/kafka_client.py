@@ -5,7 +5,7 @@ with the retry policy the Kafka edges and the service follow (by aiokafka's `ret
 flag, with backoff; a stop cuts any wait short: runner.py's stop policy); `kafka_edges.py`
 holds the runner's source and sink over these clients.
 
-Three things aiokafka does not do by itself, each reproduced against a real broker:
+Four things aiokafka does not do by itself, each reproduced against a real broker:
 
 - **A record it cannot read.** A header key that is not UTF-8 makes aiokafka's record
   reader raise inside `getmany`, for that record on every fetch: the stream stops for good.

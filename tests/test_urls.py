@@ -61,7 +61,8 @@ def test_the_shortcut_gives_w3libs_answer() -> None:
     """Random URLs near the shortcut's pattern: whenever it takes one, it must agree with
     w3lib (and with the default port rule, which plain URLs never carry)."""
     rng = random.Random(7)
-    parts = ["a", "b", "-", "_", "~", ".", "..", "/", "%41", "A", "0", "é", "?", "#", ":"]
+    parts = ["a", "b", "-", "_", "~", ".", "..", "/", "%41", "A", "0", "é", "?", "#", ":",
+             "!", "$", "&", "'", "(", ")", "*", "+", ",", ";", "=", "@", ":80", "http:", "//"]
     taken = 0
     for _ in range(20_000):
         host = "".join(rng.choice(string.ascii_lowercase + "-.E0") for _ in
@@ -77,3 +78,27 @@ def test_the_shortcut_gives_w3libs_answer() -> None:
                 continue
             assert UrlKeys().normal(url) == want, url
     assert taken > 1000
+
+
+@pytest.mark.parametrize("ignore", ["", "utm_*,a", "b*"])
+def test_the_query_shortcut_gives_w3libs_answer(ignore: str) -> None:
+    """Random URLs with queries near the plain name=value pattern, with and without ignored
+    names: whenever the shortcut takes one, w3lib (after dropping the ignored names) gives
+    the same normal form."""
+    rng = random.Random(11)
+    parts = ["a", "b", "A", "0", "-", "_", "~", ".", "=", "&", "%41", "+", ";", "#", ":",
+             "/", "é", "utm_x", "a=", "=b", "&&", " "]
+    urls = UrlKeys(ignore)
+    taken = 0
+    for _ in range(60_000):
+        host = "".join(rng.choice(string.ascii_lowercase + "-.E0")
+                       for _ in range(rng.randrange(1, 6)))
+        path = "".join(rng.choice(["a", "/", "b", ".", "-"]) for _ in range(rng.randrange(0, 5)))
+        query = "".join(rng.choice(parts) for _ in range(rng.randrange(0, 10)))
+        slash = "/" if rng.random() < 0.7 else ""
+        url = f"{rng.choice(['http', 'https'])}://{host}{slash}{path}?{query}"
+        got = urls._plain_query(url)
+        if got is not None:
+            taken += 1
+            assert got == urls._by_w3lib(url), url
+    assert taken > 500

@@ -83,8 +83,8 @@ def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path 
         cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
                str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
                "--summary-json", summary.name, *extra]
-        # Bytecode cached, as an installed package has it (`warm`): without it the package
-        # is compiled at every start (~0.1 s before any work, one process's either way).
+        # From cached bytecode, as an installed package runs (main() makes the cache once):
+        # without it the package is compiled at every start, before any work.
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         env["PYTHONPATH"] = str(code)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -7,14 +7,18 @@ query arguments sorted, the fragment dropped. On top of it, one step w3lib leave
 default port of the scheme goes (`:80` for http, `:443` for https). Query parameters named
 by `ignore` (names or fnmatch patterns, e.g. `utm_*,sessionid`) are removed first.
 
-w3lib costs ~14 µs a URL; most crawled URLs are already in normal form, so a URL that a
-strict pattern shows w3lib would return unchanged (http/https, lower-case host, a path of
-unreserved characters and of the delimiters w3lib keeps as they are, `!$&'()*+,=:@` (not
-`;`: w3lib drops an empty `;params`), without dot segments, no query, no fragment, no port)
-skips it; so does
-one whose query is plain name=value pairs, sorted here (tests/test_urls.py holds both
-shortcuts to w3lib's answer). A string that is not an
-absolute http(s) URL (a file name, say) is its own normal form, trimmed.
+w3lib costs 50-170 µs a URL here (more with a query, which it parses and encodes again);
+most crawled URLs are already in normal form, so two strict patterns that show what w3lib
+would return skip it: a plain URL (http/https, lower-case host, a path of unreserved
+characters and of the delimiters w3lib keeps as they are, `!$&'()*+,=:@`, without dot
+segments, no query, no fragment, no port: returned as it is; not `;`, since w3lib drops an
+empty `;params`), and a plain URL with a query of name=value pairs of unreserved characters
+(the pairs sorted here, ignored names dropped). On the 6,204 URLs of a 65 MB WARC of the
+corpus's pages, a key takes 4.5 µs (plain), 8.5 (plain with delimiters; 50 through w3lib),
+21 (plain query; 78) and 172 (the rest, w3lib), 9.6 µs on average against 17.5 without the
+second pattern and the delimiters (tests/test_urls.py holds both shortcuts to w3lib's
+answer). A string that is not an absolute http(s) URL (a file name, say) is its own normal
+form, trimmed.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ class UrlKeys:
     def normal(self, url: str) -> str:
         url = url.strip()
         if _PLAIN.fullmatch(url):
-            return url if "/" in url[8:] else url + "/"
+            return _rooted(url)
         if "?" in url:
             plain = self._plain_query(url)
             if plain is not None:
@@ -50,9 +54,8 @@ class UrlKeys:
 
     def _plain_query(self, url: str) -> str | None:
         """w3lib's answer for a plain URL whose query is name=value pairs of unreserved
-        characters: the pairs sorted by name, then value, ignored names dropped (~5 µs
-        against ~100 for w3lib, which parses and encodes the query again); None for any
-        other URL."""
+        characters: the pairs sorted by name, then value, ignored names dropped; None for
+        any other URL."""
         base, _, query = url.partition("?")
         if not query or "#" in query or not _PLAIN.fullmatch(base):
             return None
@@ -63,7 +66,7 @@ class UrlKeys:
         if self.patterns:
             args = [a for a in args
                     if not any(fnmatch.fnmatchcase(a[0], p) for p in self.patterns)]
-        base = base if "/" in base[8:] else base + "/"
+        base = _rooted(base)
         return base + "?" + "&".join(f"{k}={v}" for k, v in args) if args else base
 
     def _by_w3lib(self, url: str) -> str:
@@ -85,3 +88,8 @@ class UrlKeys:
         names = {k for k, _ in parse_qsl(urlsplit(url).query, keep_blank_values=True)}
         drop = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in self.patterns)]
         return url_query_cleaner(url, drop, remove=True, keep_fragments=True) if drop else url
+
+
+def _rooted(plain: str) -> str:
+    """A plain URL (`_PLAIN`) with its empty path made "/", as w3lib makes it."""
+    return plain if "/" in plain[8:] else plain + "/"

@@ -125,32 +125,21 @@ def build_site(seed: int = 7, uniques: int = 6) -> Site:
     return site
 
 
-class SiteServer:
-    """`with SiteServer(site) as server:` serves `site` on 127.0.0.1:`server.port`;
-    `server.log` lists (path, referer path or "") of every request, in order."""
+class SiteServer(BackgroundServer):
+    """`with SiteServer(site) as server:` serves `site` on 127.0.0.1:`server.port` (a free
+    port); `server.log` lists (path, referer path or "") of every request, in order."""
 
     def __init__(self, resources: dict[str, Resource]) -> None:
         self.resources = resources
         self.log: list[tuple[str, str]] = []
         app = web.Application()
         app.router.add_get("/{tail:.*}", self._handle)
-        self._server = BackgroundServer(app, "127.0.0.1", 0,
-                                        runner=lambda a: web.AppRunner(a, access_log=None))
-
-    @property
-    def port(self) -> int:
-        return self._server.port
+        super().__init__(app, "127.0.0.1", 0,
+                         runner=lambda a: web.AppRunner(a, access_log=None))
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> SiteServer:
-        self._server.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.__exit__(None, None, None)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         referer = request.headers.get("Referer", "")

@@ -37,6 +37,7 @@ from .core.tokens import Tokens, adopt_tables, tables
 from .decide import Analysis
 from .errors import PageError
 from .models import Page
+from .sources.shared_fps import SharedFingerprints
 from .workers import WorkerPool, can_fork, start_forkserver
 from .workers import pool as worker_pool
 
@@ -131,11 +132,22 @@ _WORKER: Analyzer | None = None
 _NO_PAGE = Page(url="", body=b"")
 
 
-def _worker_init(settings: Settings, tables: tuple[str, np.ndarray, np.ndarray, np.ndarray]
-                 ) -> None:
-    global _WORKER
+_SEEN: SharedFingerprints | None = None
+
+
+def _worker_init(settings: Settings, tables: tuple[str, np.ndarray, np.ndarray, np.ndarray],
+                 seen: SharedFingerprints | None = None) -> None:
+    global _WORKER, _SEEN
     adopt_tables(*tables)
     _WORKER = Analyzer(settings)
+    if seen is not None:
+        seen.claim()
+        _SEEN = seen
+
+
+def worker_seen() -> SharedFingerprints | None:
+    """Where this worker process says which bodies it reads (a forked pool's; else None)."""
+    return _SEEN
 
 
 def worker_analyzer() -> Analyzer:
@@ -204,6 +216,8 @@ class AnalysisPool:
         self._ready = threading.Event()
         self._closed = False
         self.starts = 0  # process pools started (1 + replacements of broken ones)
+        # The bodies forked workers read (sources/units.py); None from the forkserver.
+        self.seen: SharedFingerprints | None = None
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self, *, fork: bool = False) -> None:
@@ -219,8 +233,10 @@ class AnalysisPool:
                          "the forkserver", ", ".join(t.name for t in threading.enumerate()))
             elif fork:
                 try:
+                    seen = SharedFingerprints(self.processes)
                     forked = worker_pool(self.processes, _worker_init,
-                                         (self.settings, tables()), fork=True)
+                                         (self.settings, tables(), seen), fork=True)
+                    self.seen = seen
                 except Exception:
                     log.exception("forking the analysis worker processes failed; starting "
                                   "them from the forkserver")
@@ -302,6 +318,7 @@ class AnalysisPool:
                 self._executor = None
                 self._starting = None
                 self._ready.clear()
+                self.seen = None  # its workers' tables (new ones come from the forkserver)
         executor.shutdown(wait=False, cancel_futures=True)
 
     # --- work ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer
+from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer, worker_seen
 from stream_dedup.decide import Analysis
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.files import Input, plan_inputs
@@ -41,11 +41,14 @@ READ_AHEAD_PAGES, READ_AHEAD_BYTES = 32, 4 << 20
 
 
 class Memo:
-    """Analyses (rows) by body fingerprint; when full, the least recently used go first."""
+    """Analyses (rows) by body fingerprint; when full, the least recently used go first
+    (each put is told to `remembered`, each one that goes to `forgotten`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, remembered: Callable[[int], None] | None = None,
+                 forgotten: Callable[[int, Row], None] | None = None) -> None:
         self.rows: OrderedDict[int, Row] = OrderedDict()
         self.bytes = 0  # of shingle sets held
+        self._remembered, self._forgotten = remembered, forgotten
 
     def get(self, fp: int) -> Row | None:
         row = self.rows.get(fp)
@@ -56,8 +59,13 @@ class Memo:
     def put(self, fp: int, row: Row) -> None:
         self.rows[fp] = row
         self.bytes += len(row[-1])
+        if self._remembered is not None:
+            self._remembered(fp)
         while len(self.rows) > REMEMBERED or self.bytes > REMEMBERED_BYTES:
-            self.bytes -= len(self.rows.popitem(last=False)[1][-1])
+            gone, old = self.rows.popitem(last=False)
+            self.bytes -= len(old[-1])
+            if self._forgotten is not None:
+                self._forgotten(gone, old)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,7 @@ class UnitResult:
     analyses: list[Analysis | None]
     stats: SourceStats = field(default_factory=SourceStats)
     end: PartEnd | None = None  # an archive part or rest: its records' ordinals, its end
+    deferred: list[int] = field(default_factory=list)  # pages read here, not analysed yet
 
 
 def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
@@ -157,9 +166,12 @@ def _size(path: Path) -> int:
 
 
 def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
-              tick: Callable[[], None] | None = None) -> UnitResult:
+              tick: Callable[[], None] | None = None,
+              elsewhere: Callable[[int], bool] | None = None) -> UnitResult:
     """The unit's items (what FileSource reads there), each page's analysis, and the
-    readers' counts. `tick` is called after each page."""
+    readers' counts. `tick` is called after each page. A body not remembered for which
+    `elsewhere(fingerprint)` says yes (a worker reads it) is left unanalysed: its index is
+    in `deferred`, for `finish_deferred` once the unit is due."""
     out = UnitResult([], [], end=_part_end(unit))
     for item in _items(unit, out.stats, out.end):
         if isinstance(item, Rejected):
@@ -167,20 +179,51 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
             out.analyses.append(None)
             continue
         out.items.append(item)
-        *row, tops = _row(item, analyzer, memo)
-        out.analyses.append(Analysis(item, *row, shingles=tops))
+        if elsewhere is not None and item.revisit is None and _left(item, memo, elsewhere):
+            out.deferred.append(len(out.analyses))
+            out.analyses.append(None)
+        else:
+            out.analyses.append(_analysis(item, analyzer, memo))
         if tick is not None:
             tick()
     return out
+
+
+def _analysis(page: Page, analyzer: Analyzer, memo: Memo) -> Analysis:
+    row = _row(page, analyzer, memo)
+    assert isinstance(row, tuple)
+    *fields, tops = row
+    return Analysis(page, *fields, shingles=tops)
+
+
+def _left(page: Page, memo: Memo, elsewhere: Callable[[int], bool]) -> bool:
+    fp = raw_fingerprint(page.body)
+    return fp not in memo.rows and elsewhere(fp)
+
+
+def finish_deferred(result: UnitResult, analyzer: Analyzer, memo: Memo) -> int:
+    """Analyse the pages `read_unit` left (remembered by now, most of them: a copy a worker
+    read in an earlier unit); return how many were not, and were analysed here."""
+    analysed = 0
+    for i in result.deferred:
+        page = result.items[i]
+        assert isinstance(page, Page)
+        analysed += raw_fingerprint(page.body) not in memo.rows
+        result.analyses[i] = _analysis(page, analyzer, memo)
+    result.deferred.clear()
+    return analysed
 
 
 def _part_end(unit: Unit) -> PartEnd | None:
     return PartEnd() if unit.kind in ("archive-part", "archive-rest") else None
 
 
-def _items(unit: Unit, stats: SourceStats, end: PartEnd | None) -> Iterator[Page | Rejected]:
+def _items(unit: Unit, stats: SourceStats, end: PartEnd | None,
+           reading: Callable[[list[Page | Rejected]], None] | None = None
+           ) -> Iterator[Page | Rejected]:
     """The unit's items; an archive part's or rest's without sources (`end` gets their
-    ordinals in the file, counted from the unit's first record)."""
+    ordinals in the file, counted from the unit's first record). `reading` sees each
+    read-ahead chunk before its items are yielded."""
     if unit.kind == "archive":
         items = iter_archive(unit.path, stats, name=unit.name)
     elif unit.kind in ("archive-part", "archive-rest"):
@@ -193,22 +236,29 @@ def _items(unit: Unit, stats: SourceStats, end: PartEnd | None) -> Iterator[Page
     else:
         items = iter_jsonl_range(unit.path, unit.start, unit.end, unit.first_line, stats,
                                  name=unit.name)
-    for item in _read_ahead(items):
+    for item in _read_ahead(items, reading):
         if isinstance(item, Rejected) and item.kind == "unreadable-file":
             stats.unreadable.append(item.message)
         yield item
 
 
-def _read_ahead(items: Iterator[Page | Rejected]) -> Iterator[Page | Rejected]:
-    """`items`, read READ_AHEAD_PAGES or READ_AHEAD_BYTES at a time."""
+def _read_ahead(items: Iterator[Page | Rejected],
+                reading: Callable[[list[Page | Rejected]], None] | None = None
+                ) -> Iterator[Page | Rejected]:
+    """`items`, read READ_AHEAD_PAGES or READ_AHEAD_BYTES at a time (each chunk shown to
+    `reading` first)."""
     chunk: list[Page | Rejected] = []
     size = 0
     for item in items:
         chunk.append(item)
         size += len(item.body) if isinstance(item, Page) else 0
         if len(chunk) >= READ_AHEAD_PAGES or size >= READ_AHEAD_BYTES:
+            if reading is not None:
+                reading(chunk)
             yield from chunk
             chunk, size = [], 0
+    if reading is not None:
+        reading(chunk)
     yield from chunk
 
 
@@ -217,11 +267,16 @@ def _read_ahead(items: Iterator[Page | Rejected]) -> Iterator[Page | Rejected]:
 Row = tuple[Any, ...]
 
 
-def _row(page: Page, analyzer: Analyzer, memo: Memo) -> Row:
+def _row(page: Page, analyzer: Analyzer, memo: Memo,
+         parent: Callable[[int], bool] | None = None) -> Row | int:
+    """The page's analysis as a Row, or just its body's fingerprint where `parent(fp)`
+    says the parent process remembers it."""
     fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
     seen = memo.get(fp) if page.revisit is None else None  # a revisit has no body to share
     if seen is not None:
         return seen
+    if parent is not None and page.revisit is None and parent(fp):
+        return fp
     a = analyzer.analyze(page)
     row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
            a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
@@ -238,7 +293,8 @@ class Packed:
 
     items: list[Rejected | tuple[Any, ...]]  # a page: (url, headers, fetched_at, status,
     #                          source, position, body bytes, payload digest, revisit)
-    rows: list[Row | None]  # sketch True (in `sketches`, features in `features`) or None
+    rows: list[Row | int | None]  # sketch True (in `sketches`, features in `features`);
+    #                          a fingerprint: the parent's (see shared_fps); None: a reject
     sketches: bytes
     features: bytes
     sketch_dtype: str
@@ -262,30 +318,42 @@ def _digest(fp: int, body: bytes) -> str:
     return digest
 
 
+def _say_reading(chunk: list[Page | Rejected]) -> None:
+    """In a worker process: tell the parent which bodies this one is about to analyse."""
+    seen = worker_seen()
+    if seen is not None:
+        for item in chunk:
+            if isinstance(item, Page) and item.revisit is None:
+                seen.reading(raw_fingerprint(item.body))
+
+
 def _worker_read(unit: Unit) -> Packed:
     """In a worker process: the unit read and analysed, packed."""
     analyzer = worker_analyzer()
     stats = SourceStats()
     end = _part_end(unit)
     items: list[Rejected | tuple[Any, ...]] = []
-    rows: list[Row | None] = []
+    rows: list[Row | int | None] = []
     sketches: list[np.ndarray] = []
     features: list[np.ndarray] = []
-    for item in _items(unit, stats, end):
+    seen = worker_seen()
+    parent = seen.in_parent if seen is not None else None
+    for item in _items(unit, stats, end, _say_reading):
         if isinstance(item, Rejected):
             items.append(item)
             rows.append(None)
             continue
-        row = _row(item, analyzer, _MEMO)
+        row = _row(item, analyzer, _MEMO, parent)
+        fp = row if isinstance(row, int) else row[0]
         # The body stays here: the digest an unchanged page's decision reports (decide.py,
         # computed from the body when the crawler gave none) goes with the page. 2.3 % of
         # the analysis time of the corpus's pages (416 of 854 came without one).
         digest = item.payload_digest
         if digest is None and item.body and item.revisit is None:
-            digest = _digest(row[0], item.body)
+            digest = _digest(fp, item.body)
         items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
                       item.position, len(item.body), digest, item.revisit))
-        if row[4] is not None:  # in the buffers: marked True
+        if not isinstance(row, int) and row[4] is not None:  # in the buffers: marked True
             sketches.append(row[4])
             features.append(row[5])
             row = (*row[:4], True, None, *row[6:])
@@ -296,9 +364,11 @@ def _worker_read(unit: Unit) -> Packed:
     return Packed(items, rows, sk.tobytes(), ft.tobytes(), sk.dtype.str, width, stats, end)
 
 
-def unpack(packed: Packed, sources: list[str] | None = None) -> UnitResult:
+def unpack(packed: Packed, sources: list[str] | None = None,
+           remembered: Callable[[int], Row] | None = None) -> UnitResult:
     """A worker's result as items (pages without bodies) and their analyses; with
-    `sources`, each item's (an archive part's items come without)."""
+    `sources`, each item's (an archive part's items come without). A page the worker sent
+    only its body's fingerprint for gets `remembered(fp)`."""
     out = UnitResult([], [], packed.stats, packed.end)
     sketches = np.frombuffer(packed.sketches, packed.sketch_dtype)
     features = np.frombuffer(packed.features, np.uint64)
@@ -318,6 +388,10 @@ def unpack(packed: Packed, sources: list[str] | None = None) -> UnitResult:
         if sources is not None:
             source = sources[i]
         page = Page(url, b"", headers, fetched_at, status, source, position, digest, revisit)
+        if isinstance(row, int):
+            if remembered is None:
+                raise ValueError("a unit with remembered analyses, unpacked without them")
+            row = remembered(row)
         raw_fp, canonical_fp, text_length, shingle_count, sk, ft, sig, error, c_s, s_s, tops = row
         if sk is True:
             sk, ft = sketches[k], features[k]

@@ -28,8 +28,9 @@ Decisions do not change: the same readers make the same pages (same `source`, sa
 rejects; an archive's parts read what the whole file's reader reads there, parts.py says
 why), every analysis is `Analyzer.analyze` of the page, and the runner decides the items
 in input order as it does any batch (Deduplicator.check_batch, `analysed`). A body
-seen before in the same process is not analysed again (its analysis is copied): the
-calling thread skips exact copies of stored pages, and a worker should not do more.
+analysed before is not analysed again (its analysis is copied): the calling thread skips
+exact copies of stored pages, and a worker should not do more. The processes also tell each
+other which bodies they analyse (shared_fps.py), so that a copy is analysed in one of them.
 A worker that dies breaks the pool: the units it held are read again (here, or by new
 processes), so no page is lost and none comes twice.
 
@@ -42,7 +43,7 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
@@ -54,6 +55,7 @@ from stream_dedup.decide import Analysis
 from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.parts import Chain, Cut
+from stream_dedup.sources.shared_fps import SharedFingerprints
 from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
     UNIT_BYTES,
     Memo,
@@ -64,6 +66,7 @@ from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them he
     _size,
     _with_sources,
     _worker_read,
+    finish_deferred,
     merge_stats,
     plan_units,
     read_unit,
@@ -108,6 +111,7 @@ class _Slot:
     task: tuple[WorkerPool, Future[Packed]] | None = None
     result: UnitResult | Packed | None = None  # a worker's is unpacked when due
     here: bool = False  # being read in this process
+    sent: int = 0  # its number among the units submitted (0: not submitted)
 
     @property
     def free(self) -> bool:
@@ -136,7 +140,11 @@ class UnitSource(PageRecords):
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
         self._chain: Chain | None = None  # of the archive whose parts are due
-        self._memo = Memo()
+        self._memo = Memo(self._remember, self._forget)
+        # Analyses this process no longer remembers, kept until every unit sent out before
+        # is back (a worker may have been told they are here): fp -> (units sent, row).
+        self._forgotten: OrderedDict[int, tuple[int, Row]] = OrderedDict()
+        self._sent = 0  # units submitted to workers
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
         self._stop: asyncio.Event | None = None  # the fetch's, while it runs
@@ -213,6 +221,8 @@ class UnitSource(PageRecords):
                 except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
                     self._lost(executor)
                     return
+                self._sent += 1
+                slot.sent = self._sent
                 running += 1
                 queued += slot.unit.size
 
@@ -243,6 +253,7 @@ class UnitSource(PageRecords):
                     raise _Stopped from None
             self._slots.popleft()
             result = self._settled(head)
+            self._bury()
             self._plan_ahead()
             self._feed()
             if result is not None:
@@ -254,8 +265,11 @@ class UnitSource(PageRecords):
         (parts.py Chain; what is read in its place or after it goes first in line)."""
         unit, got = slot.unit, slot.result
         assert got is not None
+        if isinstance(got, UnitResult) and got.deferred:
+            finish_deferred(got, self.analyzer, self._memo)
         if unit is None or got.end is None:
-            return self._remembered(unpack(got)) if isinstance(got, Packed) else got
+            return self._remembered(unpack(got, None, self._recall)) \
+                if isinstance(got, Packed) else got
         assert unit.fmt is not None
         if self._chain is None or self._chain.path != unit.path:
             self._chain = Chain(unit.path, unit.fmt)
@@ -273,7 +287,7 @@ class UnitSource(PageRecords):
             return None
         sources = [f"{unit.name}#{settled.base + n}" for n in got.end.ordinals]
         if isinstance(got, Packed):
-            return self._remembered(unpack(got, sources))
+            return self._remembered(unpack(got, sources, self._recall))
         return _with_sources(got, sources)
 
     def _remembered(self, result: UnitResult) -> UnitResult:
@@ -290,12 +304,50 @@ class UnitSource(PageRecords):
                                           a.shingles))
         return result
 
+    # --- what the processes share (shared_fps.py) ------------------------------------------
+    def _seen(self) -> SharedFingerprints | None:
+        return self.pool.seen if self.pool is not None else None
+
+    def _remember(self, fp: int) -> None:
+        seen = self._seen()
+        if seen is not None:
+            seen.remember(fp, self._memo.rows)
+
+    def _forget(self, fp: int, row: Row) -> None:
+        seen = self._seen()
+        if seen is not None:
+            seen.forget(fp)
+            self._forgotten.pop(fp, None)  # (kept in the order they were forgotten)
+            self._forgotten[fp] = (self._sent, row)
+
+    def _recall(self, fp: int) -> Row:
+        """The analysis a worker was told this process remembers."""
+        row = self._memo.get(fp)
+        if row is None:
+            kept = self._forgotten.get(fp)
+            if kept is None:
+                raise RuntimeError(f"a worker left body {fp:#x} to this process, which does "
+                                   "not have its analysis")
+            row = kept[1]
+        return row
+
+    def _bury(self) -> None:
+        """Drop the forgotten analyses no unit still out may ask for."""
+        out = min((s.sent for s in self._slots if s.task is not None), default=self._sent + 1)
+        while self._forgotten:
+            fp, (sent, _) = next(iter(self._forgotten.items()))
+            if sent >= out:
+                break
+            del self._forgotten[fp]
+
     def _here(self, slot: _Slot) -> UnitResult:
         assert slot.unit is not None
         self.units_here += 1
         slot.here = True
+        seen = self._seen()
         try:
-            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._tick)
+            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._tick,
+                             elsewhere=seen.in_worker if seen is not None else None)
         finally:
             slot.here = False
 

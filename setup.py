@@ -1,4 +1,5 @@
-"""The compiled kernels (stream_dedup/core/_native.c); everything else is in pyproject.toml.
+"""The compiled kernels (stream_dedup/core/_native.c and the files it lists); everything else
+is in pyproject.toml.
 
 `optional=True`: without a C compiler the package still installs and runs on its numpy code,
 which computes the same values more slowly.
@@ -10,8 +11,9 @@ setup(
     ext_modules=[
         Extension(
             "stream_dedup.core._native",
-            ["stream_dedup/core/_native.c", "stream_dedup/core/_nesting.c"],
-            depends=["stream_dedup/core/_nesting.h"],
+            [f"stream_dedup/core/{name}.c"
+             for name in ("_native", "_tokens", "_sketch", "_memtable", "_nesting")],
+            depends=["stream_dedup/core/_native.h", "stream_dedup/core/_nesting.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

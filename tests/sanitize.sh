@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The compiled kernels under AddressSanitizer + UndefinedBehaviorSanitizer.
 #
-# Builds a sanitizer copy of the extension (stream_dedup/core/_native.c, _nesting.c) in a
+# Builds a sanitizer copy of the extension (stream_dedup/core/_native.c and its files) in a
 # temporary copy of the package (the in-place build the normal test run uses is left alone)
 # and runs the kernel tests, the nesting model's tests and the differential fuzz test against
 # it twice: with the block path the CPU picks, and with the portable block path forced

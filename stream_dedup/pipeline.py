@@ -25,7 +25,15 @@ from datetime import datetime
 from time import perf_counter
 from typing import Any
 
-from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
+from .analysis import (
+    AnalysisPool,
+    Analyzer,
+    Memo,
+    as_row,
+    canonical_fingerprint,
+    from_row,
+    raw_fingerprint,
+)
 from .config import Settings
 from .core.urls import UrlKeys
 from .decide import Analysis, decide_batch
@@ -41,6 +49,9 @@ __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer
 # Rounds of one batch with a claim lost before it is given up: a shared index loses a claim
 # only to a concurrent instance, so a few such rounds are the rule.
 MAX_ROUNDS = 50
+# The analyses a Deduplicator remembers (a quarter of a replay process's: this one lives as
+# long as the service, next to its index): ~3 KB each and their shingle sets.
+MEMO_PAGES, MEMO_BYTES = 1024, 16 << 20
 
 
 def _with_carried(items: Sequence[Page | Rejected], out: list[Decision | None]
@@ -110,6 +121,10 @@ class Deduplicator:
         # The kept pages of the batches since take_journal, for a changelog (exactly-once
         # with a local index); None: not kept.
         self.journal: list[Change] | None = None
+        # Analyses of recent bodies: a copy of a page that was not stored (a near-duplicate,
+        # dropped) is decided again, but not analysed again. On a WARC of 11 copies of the
+        # corpus's pages, 420 of 870 analyses were such copies (0.53 s of a 4.6 s replay).
+        self._memo = Memo(count=MEMO_PAGES, nbytes=MEMO_BYTES)
 
     # --- public API ------------------------------------------------------------------
     def check(self, page: Page) -> Decision:
@@ -237,18 +252,27 @@ class Deduplicator:
     def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
                  pool: AnalysisPool | None, ready: list[Analysis | None]) -> list[Analysis]:
         """Each distinct body analysed once (shared with `pool` if given) unless its
-        analysis is `ready`; a copy of a stored page only fingerprinted (as if none were
-        ready: it takes the same path)."""
+        analysis is `ready` or remembered from an earlier batch; a copy of a stored page
+        only fingerprinted (as if none were ready: it takes the same path)."""
         todo: dict[int, Page] = {}
+        by_fp: dict[int, Analysis] = {}
         for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
-            if not is_stored and given is None:
-                todo.setdefault(fp, page)
+            if is_stored or given is not None or fp in todo or fp in by_fp:
+                continue
+            row = self._memo.get(fp) if page.revisit is None else None
+            if row is not None:
+                by_fp[fp] = from_row(page, row)
+            else:
+                todo[fp] = page
         bodies = list(todo.values())
         if pool is None:
             done = [self.analyzer.analyze(p) for p in bodies]
         else:
             done = pool.analyse(self.analyzer, bodies)
-        by_fp = {a.raw_fp: a for a in done}
+        for a in done:
+            by_fp[a.raw_fp] = a
+            if a.page.revisit is None:
+                self._memo.put(a.raw_fp, as_row(a))
         out = []
         for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
             a = by_fp.get(fp) if given is None or is_stored else given

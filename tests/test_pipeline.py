@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from stream_dedup import Deduplicator, Page, Rejected, Settings
+from stream_dedup import Deduplicator, Page, Rejected, Settings, pipeline
+from stream_dedup.analysis import Analyzer
 from stream_dedup.sample import build
 
 RNG_WORDS = [f"w{i}x" for i in range(5000)]
@@ -423,3 +424,41 @@ def test_a_worker_pool_starts_every_process_it_is_given() -> None:
             p.result(f)
     finally:
         p.shutdown(wait=True)
+
+
+def test_a_copy_of_a_dropped_page_is_decided_again_without_analysing_it_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A near-duplicate is not stored, so a later copy of it is decided again (against the
+    index as it is then), from the analysis remembered; with a memo of 1, the body analysed
+    since has taken its place and the copy is analysed again."""
+    rng = random.Random(5)
+    words = _article(rng, 800)
+    edited = list(words)
+    edited[400] = "changed"
+    original = Page("https://a.example/1", _html(words).encode())
+    near = Page("https://a.example/2", _html(edited).encode())
+    other = Page("https://b.example/1", _html(_article(rng, 800)).encode())
+    again = Page("https://c.example/copy", near.body)
+    analysed: list[str] = []
+    analyze = Analyzer.analyze
+
+    def counting(self: Analyzer, page: Page) -> object:
+        analysed.append(page.url)
+        return analyze(self, page)
+
+    monkeypatch.setattr(Analyzer, "analyze", counting)
+    dd = Deduplicator()
+    first = dd.check_batch([original, near])
+    assert [d.decision for d in first] == ["keep", "drop"]
+    dd.check(other)
+    second = dd.check(again)
+    assert analysed == [original.url, near.url, other.url]  # the copy: remembered
+    assert (second.decision, second.reason, second.duplicate_of, second.resemblance) == (
+        first[1].decision, first[1].reason, first[1].duplicate_of, first[1].resemblance)
+    monkeypatch.setattr(pipeline, "MEMO_PAGES", 1)
+    analysed.clear()
+    small = Deduplicator()
+    small.check_batch([original, near])
+    small.check(other)
+    assert small.check(again).decision == "drop"
+    assert analysed == [original.url, near.url, other.url, again.url]

@@ -17,7 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer, worker_seen
+from stream_dedup.analysis import (
+    REMEMBERED,
+    Analyzer,
+    Memo,
+    Row,
+    as_row,
+    from_row,
+    raw_fingerprint,
+    worker_analyzer,
+    worker_seen,
+)
 from stream_dedup.decide import Analysis
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.files import Input, plan_inputs
@@ -31,41 +41,10 @@ from stream_dedup.verdicts import warc_digest
 # meet within a fraction of a second, large enough that a unit's fixed cost (a future, a
 # pipe round trip, planning) stays small.
 UNIT_BYTES = 1 << 20
-# Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
-# so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
-REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
 # A unit's pages are read so many (or so many bytes of bodies) at a time and then analysed,
 # not one by one: reading (gunzip, FastWARC) and analysing (lexbor, tokens, sketches) then
 # each run with their own code and data in the core's caches.
 READ_AHEAD_PAGES, READ_AHEAD_BYTES = 32, 4 << 20
-
-
-class Memo:
-    """Analyses (rows) by body fingerprint; when full, the least recently used go first
-    (each put is told to `remembered`, each one that goes to `forgotten`)."""
-
-    def __init__(self, remembered: Callable[[int], None] | None = None,
-                 forgotten: Callable[[int, Row], None] | None = None) -> None:
-        self.rows: OrderedDict[int, Row] = OrderedDict()
-        self.bytes = 0  # of shingle sets held
-        self._remembered, self._forgotten = remembered, forgotten
-
-    def get(self, fp: int) -> Row | None:
-        row = self.rows.get(fp)
-        if row is not None:
-            self.rows.move_to_end(fp)
-        return row
-
-    def put(self, fp: int, row: Row) -> None:
-        self.rows[fp] = row
-        self.bytes += len(row[-1])
-        if self._remembered is not None:
-            self._remembered(fp)
-        while len(self.rows) > REMEMBERED or self.bytes > REMEMBERED_BYTES:
-            gone, old = self.rows.popitem(last=False)
-            self.bytes -= len(old[-1])
-            if self._forgotten is not None:
-                self._forgotten(gone, old)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,8 +171,7 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
 def _analysis(page: Page, analyzer: Analyzer, memo: Memo) -> Analysis:
     row = _row(page, analyzer, memo)
     assert isinstance(row, tuple)
-    *fields, tops = row
-    return Analysis(page, *fields, shingles=tops)
+    return from_row(page, row)
 
 
 def _left(page: Page, memo: Memo, elsewhere: Callable[[int], bool]) -> bool:
@@ -262,11 +240,6 @@ def _read_ahead(items: Iterator[Page | Rejected],
     yield from chunk
 
 
-# An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,
-# features, ld_signature, error, canonical_s, sketch_s, shingles).
-Row = tuple[Any, ...]
-
-
 def _row(page: Page, analyzer: Analyzer, memo: Memo,
          parent: Callable[[int], bool] | None = None) -> Row | int:
     """The page's analysis as a Row, or just its body's fingerprint where `parent(fp)`
@@ -277,9 +250,7 @@ def _row(page: Page, analyzer: Analyzer, memo: Memo,
         return seen
     if parent is not None and page.revisit is None and parent(fp):
         return fp
-    a = analyzer.analyze(page)
-    row = (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
-           a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
+    row = as_row(analyzer.analyze(page))
     if page.revisit is None:
         memo.put(fp, row)  # not the page: its body is ~90 KB
     return row

@@ -50,7 +50,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stream_dedup.analysis import Analyzer
+from stream_dedup.analysis import Analyzer, Memo, Row, as_row
 from stream_dedup.decide import Analysis
 from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
@@ -58,9 +58,7 @@ from stream_dedup.sources.parts import Chain, Cut
 from stream_dedup.sources.shared_fps import SharedFingerprints
 from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
     UNIT_BYTES,
-    Memo,
     Packed,
-    Row,
     Unit,
     UnitResult,
     _size,
@@ -298,10 +296,7 @@ class UnitSource(PageRecords):
         for item, a in zip(result.items, result.analyses, strict=True):
             if a is not None and a.raw_fp not in rows and isinstance(item, Page) \
                     and item.revisit is None:
-                self._memo.put(a.raw_fp, (a.raw_fp, a.canonical_fp, a.text_length,
-                                          a.shingle_count, a.sketch, a.features,
-                                          a.ld_signature, a.error, a.canonical_s, a.sketch_s,
-                                          a.shingles))
+                self._memo.put(a.raw_fp, as_row(a))
         return result
 
     # --- what the processes share (shared_fps.py) ------------------------------------------

@@ -158,25 +158,23 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
             out.analyses.append(None)
             continue
         out.items.append(item)
-        if elsewhere is not None and item.revisit is None and _left(item, memo, elsewhere):
+        fp = raw_fingerprint(item.body)
+        if elsewhere is not None and item.revisit is None and fp not in memo.rows \
+                and elsewhere(fp):
             out.deferred.append(len(out.analyses))
             out.analyses.append(None)
         else:
-            out.analyses.append(_analysis(item, analyzer, memo))
+            out.analyses.append(_analysis(item, analyzer, memo, fp))
         if tick is not None:
             tick()
     return out
 
 
-def _analysis(page: Page, analyzer: Analyzer, memo: Memo) -> Analysis:
-    row = _row(page, analyzer, memo)
+def _analysis(page: Page, analyzer: Analyzer, memo: Memo, fp: int | None = None
+              ) -> Analysis:
+    row = _row(page, analyzer, memo, fp=fp)
     assert isinstance(row, tuple)
     return from_row(page, row)
-
-
-def _left(page: Page, memo: Memo, elsewhere: Callable[[int], bool]) -> bool:
-    fp = raw_fingerprint(page.body)
-    return fp not in memo.rows and elsewhere(fp)
 
 
 def finish_deferred(result: UnitResult, analyzer: Analyzer, memo: Memo) -> int:
@@ -241,10 +239,11 @@ def _read_ahead(items: Iterator[Page | Rejected],
 
 
 def _row(page: Page, analyzer: Analyzer, memo: Memo,
-         parent: Callable[[int], bool] | None = None) -> Row | int:
+         parent: Callable[[int], bool] | None = None, fp: int | None = None) -> Row | int:
     """The page's analysis as a Row, or just its body's fingerprint where `parent(fp)`
-    says the parent process remembers it."""
-    fp = raw_fingerprint(page.body)  # the key the pipeline itself decides exact copies by
+    says the parent process remembers it. `fp`: the body's, if the caller has it."""
+    if fp is None:  # the key the pipeline itself decides exact copies by
+        fp = raw_fingerprint(page.body)
     seen = memo.get(fp) if page.revisit is None else None  # a revisit has no body to share
     if seen is not None:
         return seen
@@ -289,15 +288,6 @@ def _digest(fp: int, body: bytes) -> str:
     return digest
 
 
-def _say_reading(chunk: list[Page | Rejected]) -> None:
-    """In a worker process: tell the parent which bodies this one is about to analyse."""
-    seen = worker_seen()
-    if seen is not None:
-        for item in chunk:
-            if isinstance(item, Page) and item.revisit is None:
-                seen.reading(raw_fingerprint(item.body))
-
-
 def _worker_read(unit: Unit) -> Packed:
     """In a worker process: the unit read and analysed, packed."""
     analyzer = worker_analyzer()
@@ -309,12 +299,23 @@ def _worker_read(unit: Unit) -> Packed:
     features: list[np.ndarray] = []
     seen = worker_seen()
     parent = seen.in_parent if seen is not None else None
-    for item in _items(unit, stats, end, _say_reading):
+    fps: dict[int, int] = {}  # id(page) -> its body's fingerprint, for the chunk read ahead
+
+    def reading(chunk: list[Page | Rejected]) -> None:
+        """Tell the parent which bodies this worker is about to analyse."""
+        fps.clear()
+        for item in chunk:
+            if isinstance(item, Page):
+                fp = fps[id(item)] = raw_fingerprint(item.body)
+                if seen is not None and item.revisit is None:
+                    seen.reading(fp)
+
+    for item in _items(unit, stats, end, reading):
         if isinstance(item, Rejected):
             items.append(item)
             rows.append(None)
             continue
-        row = _row(item, analyzer, _MEMO, parent)
+        row = _row(item, analyzer, _MEMO, parent, fps.get(id(item)))
         fp = row if isinstance(row, int) else row[0]
         # The body stays here: the digest an unchanged page's decision reports (decide.py,
         # computed from the body when the crawler gave none) goes with the page. 2.3 % of

@@ -108,7 +108,7 @@ class Deduplicator:
             s, getattr(self.observer, "redis_call", None))
         self.counters = Counters()
         self.urls = UrlKeys(s.url_ignore_params)
-        # Serializes everything that reads or changes the index, counters and _recent.
+        # Serializes everything that reads or changes the index, counters, _recent, _memo.
         self.lock = threading.RLock()
         # Decisions by (input position, raw fingerprint): a page delivered again (Kafka
         # re-delivers what was not committed) gets the decision it got the first time, never
@@ -256,23 +256,25 @@ class Deduplicator:
         only fingerprinted (as if none were ready: it takes the same path)."""
         todo: dict[int, Page] = {}
         by_fp: dict[int, Analysis] = {}
-        for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
-            if is_stored or given is not None or fp in todo or fp in by_fp:
-                continue
-            row = self._memo.get(fp) if page.revisit is None else None
-            if row is not None:
-                by_fp[fp] = from_row(page, row)
-            else:
-                todo[fp] = page
+        with self.lock:  # (the memo: a caller's threads may share this object)
+            for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
+                if is_stored or given is not None or fp in todo or fp in by_fp:
+                    continue
+                row = self._memo.get(fp) if page.revisit is None else None
+                if row is not None:
+                    by_fp[fp] = from_row(page, row)
+                else:
+                    todo[fp] = page
         bodies = list(todo.values())
         if pool is None:
             done = [self.analyzer.analyze(p) for p in bodies]
         else:
             done = pool.analyse(self.analyzer, bodies)
-        for a in done:
-            by_fp[a.raw_fp] = a
-            if a.page.revisit is None:
-                self._memo.put(a.raw_fp, as_row(a))
+        with self.lock:
+            for a in done:
+                by_fp[a.raw_fp] = a
+                if a.page.revisit is None:
+                    self._memo.put(a.raw_fp, as_row(a))
         out = []
         for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
             a = by_fp.get(fp) if given is None or is_stored else given

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import replace
 from time import perf_counter
-from typing import Any
 
 import numpy as np
 import xxhash
@@ -57,58 +55,6 @@ CHUNK_PAGES = 32
 # Tasks kept submitted per process: one running, the next already queued, so that a worker
 # does not wait for the parent's threads (which share the GIL with reading and deciding).
 QUEUED_PER_PROCESS = 2
-
-
-# Bodies whose analysis a process remembers, so that a copy is not analysed again: at most
-# so many, holding at most so many bytes of shingle sets (an analysis is ~3 KB and its set).
-# Read when a Memo is made.
-REMEMBERED, REMEMBERED_BYTES = 4096, 64 << 20
-
-# An Analysis without its page: (raw_fp, canonical_fp, text_length, shingle_count, sketch,
-# features, ld_signature, error, canonical_s, sketch_s, shingles).
-Row = tuple[Any, ...]
-
-
-def as_row(a: Analysis) -> Row:
-    return (a.raw_fp, a.canonical_fp, a.text_length, a.shingle_count, a.sketch, a.features,
-            a.ld_signature, a.error, a.canonical_s, a.sketch_s, a.shingles)
-
-
-def from_row(page: Page, row: Row) -> Analysis:
-    *fields, tops = row
-    return Analysis(page, *fields, shingles=tops)
-
-
-class Memo:
-    """Analyses (rows: no page, no body) by body fingerprint; past `count` of them or
-    `nbytes` of shingle sets (REMEMBERED, REMEMBERED_BYTES by default), the least recently
-    used go first. Each put is told to `remembered`, each one that goes to `forgotten`."""
-
-    def __init__(self, remembered: Callable[[int], None] | None = None,
-                 forgotten: Callable[[int, Row], None] | None = None, *,
-                 count: int | None = None, nbytes: int | None = None) -> None:
-        self.rows: OrderedDict[int, Row] = OrderedDict()
-        self.bytes = 0  # of shingle sets held
-        self._remembered, self._forgotten = remembered, forgotten
-        self.count = REMEMBERED if count is None else count
-        self.nbytes = REMEMBERED_BYTES if nbytes is None else nbytes
-
-    def get(self, fp: int) -> Row | None:
-        row = self.rows.get(fp)
-        if row is not None:
-            self.rows.move_to_end(fp)
-        return row
-
-    def put(self, fp: int, row: Row) -> None:
-        self.rows[fp] = row
-        self.bytes += len(row[-1])
-        if self._remembered is not None:
-            self._remembered(fp)
-        while len(self.rows) > self.count or self.bytes > self.nbytes:
-            gone, old = self.rows.popitem(last=False)
-            self.bytes -= len(old[-1])
-            if self._forgotten is not None:
-                self._forgotten(gone, old)
 
 
 def raw_fingerprint(body: bytes) -> int:

@@ -25,21 +25,14 @@ from datetime import datetime
 from time import perf_counter
 from typing import Any
 
-from .analysis import (
-    AnalysisPool,
-    Analyzer,
-    Memo,
-    as_row,
-    canonical_fingerprint,
-    from_row,
-    raw_fingerprint,
-)
+from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
 from .config import Settings
 from .core.urls import UrlKeys
 from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
 from .index.base import WAIT, Change, Claim, FeatureIndex, Plan, Probe
+from .memo import Memo, as_row, from_row
 from .models import Decision, Page, Rejected
 from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_units import big_warc  # noqa: F401  (a fixture)
 
-from stream_dedup import Settings, analysis
+from stream_dedup import Settings, analysis, memo
 from stream_dedup.analysis import Analyzer, raw_fingerprint
 from stream_dedup.models import Page
 from stream_dedup.sources import unit_read, units
@@ -149,7 +149,7 @@ def test_an_analysis_forgotten_here_is_kept_until_the_units_sent_before_are_back
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Past REMEMBERED, this process forgets the oldest analysis, and the workers are told:
     one may have been told before, so it is kept while any unit sent by then is out."""
-    monkeypatch.setattr(analysis, "REMEMBERED", 2)
+    monkeypatch.setattr(memo, "REMEMBERED", 2)
 
     seen = SharedFingerprints(1, slots=16)
     source = units.UnitSource([], Analyzer(Settings()), _Pool(seen))  # type: ignore[arg-type]
@@ -173,8 +173,8 @@ def test_copies_in_both_processes_give_the_same_decisions(
     """`replay --workers 2` (a process of its own: its worker is forked, and shares the
     tables) of the sample's articles and their copies, in parts, decides as one process
     does, also with a memo of 3 (forgetting while units are out)."""
-    run = ("import sys; from stream_dedup import analysis, replay; from stream_dedup.sources "
-           "import units; analysis.REMEMBERED = int(sys.argv[1]); "
+    run = ("import sys; from stream_dedup import memo, replay; from stream_dedup.sources "
+           "import units; memo.REMEMBERED = int(sys.argv[1]); "
            "replay.EARLY_START_BYTES = 0; units.UNIT_BYTES = 256 << 10; "
            "from stream_dedup.cli import main; sys.exit(main(sys.argv[2:]))")
     out = {}

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 
-from stream_dedup import Settings, analysis, workers
+from stream_dedup import Settings, workers
+from stream_dedup import memo as memo_module
 from stream_dedup import replay as replay_module
 from stream_dedup.analysis import AnalysisPool, Analyzer, raw_fingerprint
 from stream_dedup.models import Page, Rejected
@@ -450,8 +451,8 @@ def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker remembers analyses of bodies it read, with their shingle sets (up to 256 KB
     each): the oldest go first past REMEMBERED entries or REMEMBERED_BYTES of sets."""
-    monkeypatch.setattr(analysis, "REMEMBERED", 3)
-    monkeypatch.setattr(analysis, "REMEMBERED_BYTES", 100)
+    monkeypatch.setattr(memo_module, "REMEMBERED", 3)
+    monkeypatch.setattr(memo_module, "REMEMBERED_BYTES", 100)
     memo = units.Memo()
     for fp in range(4):
         memo.put(fp, (fp, b"x" * 10))

@@ -17,18 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from stream_dedup.analysis import (
-    REMEMBERED,
-    Analyzer,
-    Memo,
-    Row,
-    as_row,
-    from_row,
-    raw_fingerprint,
-    worker_analyzer,
-    worker_seen,
-)
+from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer, worker_seen
 from stream_dedup.decide import Analysis
+from stream_dedup.memo import REMEMBERED, Memo, Row, as_row, from_row
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.files import Input, plan_inputs
 from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range

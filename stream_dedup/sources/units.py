@@ -50,9 +50,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stream_dedup.analysis import Analyzer, Memo, Row, as_row
+from stream_dedup.analysis import Analyzer
 from stream_dedup.decide import Analysis
 from stream_dedup.edges import Batch, PageRecords
+from stream_dedup.memo import Memo, Row, as_row
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.parts import Chain, Cut
 from stream_dedup.sources.shared_fps import SharedFingerprints

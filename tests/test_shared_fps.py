@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_units import big_warc  # noqa: F401  (a fixture)
+from test_units import _counting, _same_analyses, big_warc  # noqa: F401  (a fixture)
 
 from stream_dedup import Settings, analysis, memo
-from stream_dedup.analysis import Analyzer, raw_fingerprint
-from stream_dedup.models import Page
+from stream_dedup.analysis import Analyzer
 from stream_dedup.sources import unit_read, units
 from stream_dedup.sources.shared_fps import SharedFingerprints
 from stream_dedup.sources.warc import SourceStats
@@ -82,28 +81,6 @@ class _Pool:
 
     def executor(self) -> None:
         return None
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    analysed: list[int] = []
-    analyze = Analyzer.analyze
-
-    def counting(self: Analyzer, page: Page) -> object:
-        analysed.append(raw_fingerprint(page.body))
-        return analyze(self, page)
-
-    monkeypatch.setattr(Analyzer, "analyze", counting)
-    return analysed
-
-
-def _same_analyses(got: unit_read.UnitResult, fresh: unit_read.UnitResult) -> None:
-    assert len(got.analyses) == len(fresh.analyses)
-    for a, b in zip(got.analyses, fresh.analyses, strict=True):
-        assert (a is None) == (b is None)
-        if a is not None and b is not None:
-            assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles, a.text_length) == (
-                b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles, b.text_length)
-            assert a.sketch is None or (a.sketch == b.sketch).all()
 
 
 def _first_unit(path: Path) -> unit_read.Unit:

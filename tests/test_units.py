@@ -412,6 +412,15 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
     source = units.UnitSource([big_warc], Analyzer(Settings()), None)
     got = source._remembered(units.unpack(packed))
     assert got.items and len(source._memo.rows) > 10
+    analysed = _counting(monkeypatch)
+    again = units.read_unit(first, source.analyzer, source._memo)  # the worker's unit, here
+    assert analysed == [] and len(again.items) == len(got.items)
+    fresh = units.read_unit(first, source.analyzer, units.Memo())
+    assert analysed  # (the spy sees analyses)
+    _same_analyses(again, fresh)
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     analysed: list[int] = []
     analyze = Analyzer.analyze
 
@@ -420,15 +429,16 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
         return analyze(self, page)
 
     monkeypatch.setattr(Analyzer, "analyze", counting)
-    again = units.read_unit(first, source.analyzer, source._memo)  # the worker's unit, here
-    assert analysed == [] and len(again.items) == len(got.items)
-    fresh = units.read_unit(first, source.analyzer, units.Memo())
-    assert analysed  # (the spy sees analyses)
-    for a, b in zip(again.analyses, fresh.analyses, strict=True):
+    return analysed
+
+
+def _same_analyses(got: unit_read.UnitResult, fresh: unit_read.UnitResult) -> None:
+    assert len(got.analyses) == len(fresh.analyses)
+    for a, b in zip(got.analyses, fresh.analyses, strict=True):
         assert (a is None) == (b is None)
         if a is not None and b is not None:
-            assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles) == (
-                b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles)
+            assert (a.raw_fp, a.canonical_fp, a.ld_signature, a.shingles, a.text_length) == (
+                b.raw_fp, b.canonical_fp, b.ld_signature, b.shingles, b.text_length)
             assert a.sketch is None or (a.sketch == b.sketch).all()
 
 

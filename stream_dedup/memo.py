@@ -1,13 +1,17 @@
 """Analyses remembered by body fingerprint, so that a copy of a body is not analysed again
-(the replay units, sources/units.py and unit_read.py; the Deduplicator, pipeline.py).
+(the replay units, sources/units.py and unit_read.py; the Deduplicator's analysis step,
+`analyse_batch`).
 An analysis is a function of the body alone (and the Settings, fixed for a process)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import replace
 from typing import Any
 
+from .analysis import AnalysisPool, Analyzer
 from .decide import Analysis
 from .models import Page
 
@@ -61,3 +65,41 @@ class Memo:
             self.bytes -= len(old[-1])
             if self._forgotten is not None:
                 self._forgotten(gone, old)
+
+
+def analyse_batch(analyzer: Analyzer, memo: Memo, lock: AbstractContextManager[Any],
+                  pages: list[Page], fps: list[int], stored: list[bool],
+                  pool: AnalysisPool | None, ready: list[Analysis | None]) -> list[Analysis]:
+    """The Deduplicator's analysis step (pipeline.py): each distinct body analysed once
+    (shared with `pool` if given) unless its analysis is `ready` or in `memo` from an
+    earlier batch; a copy of a stored page only fingerprinted (as if none were ready: it
+    takes the same path). `lock` guards the memo; the analysis runs outside it."""
+    todo: dict[int, Page] = {}
+    by_fp: dict[int, Analysis] = {}
+    with lock:  # (the memo: a caller's threads may share the Deduplicator)
+        for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
+            if is_stored or given is not None or fp in todo or fp in by_fp:
+                continue
+            row = memo.get(fp) if page.revisit is None else None
+            if row is not None:
+                by_fp[fp] = from_row(page, row)
+            else:
+                todo[fp] = page
+    bodies = list(todo.values())
+    if pool is None:
+        done = [analyzer.analyze(p) for p in bodies]
+    else:
+        done = pool.analyse(analyzer, bodies)
+    with lock:
+        for a in done:
+            by_fp[a.raw_fp] = a
+            if a.page.revisit is None:
+                memo.put(a.raw_fp, as_row(a))
+    out = []
+    for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
+        a = by_fp.get(fp) if given is None or is_stored else given
+        if a is None:
+            out.append(Analysis(page, fp))
+        else:
+            out.append(a if a.page is page else replace(a, page=page))
+    return out

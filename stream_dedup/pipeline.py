@@ -32,7 +32,7 @@ from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
 from .index.base import WAIT, Change, Claim, FeatureIndex, Plan, Probe
-from .memo import Memo, as_row, from_row
+from .memo import Memo, analyse_batch
 from .models import Decision, Page, Rejected
 from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
 
@@ -196,7 +196,8 @@ class Deduplicator:
             ids = self._ids([p for _, p in pages])
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
             stored = self.index.stored(fps)
-        analyses = self._analyse([p for _, p in pages], fps, stored, pool, ready)
+        analyses = analyse_batch(self.analyzer, self._memo, self.lock,
+                                 [p for _, p in pages], fps, stored, pool, ready)
         with self.lock:
             try:
                 self._decide(pages, ids, analyses, out, times, fresh, ready)
@@ -241,41 +242,6 @@ class Deduplicator:
             raise ValueError(f"this AnalysisPool was built with other Settings than this "
                              f"Deduplicator ({', '.join(differ) or 'params'} differ): its "
                              f"analyses would decide differently")
-
-    def _analyse(self, pages: list[Page], fps: list[int], stored: list[bool],
-                 pool: AnalysisPool | None, ready: list[Analysis | None]) -> list[Analysis]:
-        """Each distinct body analysed once (shared with `pool` if given) unless its
-        analysis is `ready` or remembered from an earlier batch; a copy of a stored page
-        only fingerprinted (as if none were ready: it takes the same path)."""
-        todo: dict[int, Page] = {}
-        by_fp: dict[int, Analysis] = {}
-        with self.lock:  # (the memo: a caller's threads may share this object)
-            for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
-                if is_stored or given is not None or fp in todo or fp in by_fp:
-                    continue
-                row = self._memo.get(fp) if page.revisit is None else None
-                if row is not None:
-                    by_fp[fp] = from_row(page, row)
-                else:
-                    todo[fp] = page
-        bodies = list(todo.values())
-        if pool is None:
-            done = [self.analyzer.analyze(p) for p in bodies]
-        else:
-            done = pool.analyse(self.analyzer, bodies)
-        with self.lock:
-            for a in done:
-                by_fp[a.raw_fp] = a
-                if a.page.revisit is None:
-                    self._memo.put(a.raw_fp, as_row(a))
-        out = []
-        for page, fp, is_stored, given in zip(pages, fps, stored, ready, strict=True):
-            a = by_fp.get(fp) if given is None or is_stored else given
-            if a is None:
-                out.append(Analysis(page, fp))
-            else:
-                out.append(a if a.page is page else replace(a, page=page))
-        return out
 
     def _decide(self, pages: list[tuple[int, Page]], ids: list[int], analyses: list[Analysis],
                 out: list[Decision | None], times: list[StageTimes], fresh: list[bool],

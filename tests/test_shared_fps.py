@@ -104,6 +104,22 @@ def test_a_worker_sends_fingerprints_for_bodies_this_process_remembers(
     _same_analyses(unit_read.unpack(packed, None, source._recall), here)
 
 
+def test_a_worker_sends_fingerprints_even_for_bodies_it_analysed_itself(
+        big_warc: Path, worker: SharedFingerprints) -> None:  # noqa: F811
+    """The worker's own memo has the analyses too, but this process remembering them is
+    asked first: their rows (~3.7 KB each) are not sent again."""
+    first = _first_unit(big_warc)
+    source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
+    packed = unit_read._worker_read(first)
+    assert any(not isinstance(r, int) for r in packed.rows if r is not None)
+    source._remembered(unit_read.unpack(packed, None, source._recall))
+    again = unit_read._worker_read(first)
+    pages = [r for r in again.rows if r is not None]
+    assert pages and all(isinstance(r, int) for r in pages)
+    _same_analyses(unit_read.unpack(again, None, source._recall),
+                   unit_read.unpack(packed, None, source._recall))
+
+
 def test_a_copy_a_worker_reads_is_analysed_there_not_here(
         big_warc: Path, worker: SharedFingerprints,  # noqa: F811
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,7 @@
 """One unit of a `replay --workers N` input and how it is read: planning the units (an
 archive's parts, a JSONL file's ranges), reading one with its pages' analyses (here, or in
-a worker process that sends it back packed: pages without their bodies), and unpacking it.
+a worker process that sends it back packed: pages without their bodies and headers), and
+unpacking it.
 `units.UnitSource` schedules the units between this process and the workers.
 """
 
@@ -235,14 +236,17 @@ def _row(page: Page, analyzer: Analyzer, memo: Memo,
     says the parent process remembers it. `fp`: the body's, if the caller has it."""
     if fp is None:  # the key the pipeline itself decides exact copies by
         fp = raw_fingerprint(page.body)
-    seen = memo.get(fp) if page.revisit is None else None  # a revisit has no body to share
+    if page.revisit is not None:  # a revisit has no body to share
+        return as_row(analyzer.analyze(page))
+    # The parent first: a row it has need not be pickled, sent and read back (an analysed
+    # page's row is ~3.7 KB, most of it the shingles kept for containment).
+    if parent is not None and parent(fp):
+        return fp
+    seen = memo.get(fp)
     if seen is not None:
         return seen
-    if parent is not None and page.revisit is None and parent(fp):
-        return fp
     row = as_row(analyzer.analyze(page))
-    if page.revisit is None:
-        memo.put(fp, row)  # not the page: its body is ~90 KB
+    memo.put(fp, row)  # not the page: its body is ~90 KB
     return row
 
 
@@ -252,8 +256,10 @@ class Packed:
     sketches and features of all its pages in one buffer each (pickling each page's
     objects cost ~18 µs a page there and ~20 here; this, a few)."""
 
-    items: list[Rejected | tuple[Any, ...]]  # a page: (url, headers, fetched_at, status,
-    #                          source, position, body bytes, payload digest, revisit)
+    # A page: (url, fetched_at, status, source, position, body bytes, payload digest,
+    # revisit). Not its body nor its HTTP headers: its analysis has used them, and deciding
+    # does not (headers were ~1 KB of the ~1.2 KB a page's tuple pickled to).
+    items: list[Rejected | tuple[Any, ...]]
     rows: list[Row | int | None]  # sketch True (in `sketches`, features in `features`);
     #                          a fingerprint: the parent's (see shared_fps); None: a reject
     sketches: bytes
@@ -314,8 +320,8 @@ def _worker_read(unit: Unit) -> Packed:
         digest = item.payload_digest
         if digest is None and item.body and item.revisit is None:
             digest = _digest(fp, item.body)
-        items.append((item.url, item.headers, item.fetched_at, item.status, item.source,
-                      item.position, len(item.body), digest, item.revisit))
+        items.append((item.url, item.fetched_at, item.status, item.source, item.position,
+                      len(item.body), digest, item.revisit))
         if not isinstance(row, int) and row[4] is not None:  # in the buffers: marked True
             sketches.append(row[4])
             features.append(row[5])
@@ -329,7 +335,7 @@ def _worker_read(unit: Unit) -> Packed:
 
 def unpack(packed: Packed, sources: list[str] | None = None,
            remembered: Callable[[int], Row] | None = None) -> UnitResult:
-    """A worker's result as items (pages without bodies) and their analyses; with
+    """A worker's result as items (pages without bodies or headers) and their analyses; with
     `sources`, each item's (an archive part's items come without). A page the worker sent
     only its body's fingerprint for gets `remembered(fp)`."""
     out = UnitResult([], [], packed.stats, packed.end)
@@ -347,10 +353,10 @@ def unpack(packed: Packed, sources: list[str] | None = None,
             out.analyses.append(None)
             continue
         assert isinstance(item, tuple)
-        url, headers, fetched_at, status, source, position, size, digest, revisit = item
+        url, fetched_at, status, source, position, size, digest, revisit = item
         if sources is not None:
             source = sources[i]
-        page = Page(url, b"", headers, fetched_at, status, source, position, digest, revisit)
+        page = Page(url, b"", (), fetched_at, status, source, position, digest, revisit)
         if isinstance(row, int):
             if remembered is None:
                 raise ValueError("a unit with remembered analyses, unpacked without them")

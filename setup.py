@@ -12,8 +12,10 @@ setup(
         Extension(
             "stream_dedup.core._native",
             [f"stream_dedup/core/{name}.c"
-             for name in ("_native", "_tokens", "_sketch", "_memtable", "_nesting")],
-            depends=["stream_dedup/core/_native.h", "stream_dedup/core/_nesting.h"],
+             for name in ("_native", "_tokens", "_ascii", "_sketch", "_ldsig", "_memtable",
+                          "_nesting")],
+            depends=["stream_dedup/core/_native.h", "stream_dedup/core/_nesting.h",
+                     "stream_dedup/core/_tokens.h"],
             extra_compile_args=["-O3", "-std=c11"],
             optional=True,
         )

@@ -2,19 +2,21 @@
  * sketch.py and ldsig.py (which stays as the reference the tests compare against), without
  * numpy's temporaries and Python calls per token; and the memory index's hot loops, whose
  * Python twins are in index/memory.py (tests/test_index.py compares them). One module,
- * a file a job (what they share is in _native.h):
+ * a file a job (what they share is in _native.h; the tokenizer's two files also
+ * share _tokens.h):
  *
  *   _native.c   visible_text(parser, drop, brk)   walk of a lexbor tree parsed by selectolax;
  *               bind_lexbor; the module's table
  *   _nesting.c  too_deep, nesting_depth           the nesting model of nesting.py
  *   _tokens.c   tokenize(text, classes, keys)     canonical code points, one hash per token
- *               block_path(name=None)             which build of the ASCII block path runs
+ *   _ascii.c    its block path for ASCII text;
+ *               block_path(name=None)             which build of it runs
  *   _sketch.c   shingles(hashes, mult)            w-token window fingerprints
  *               minhash(shingles, a, b, fam)      k*s minima (32-bit values)
- *               ld_signature(cps, c, mult)        Coates' signature bytes
  *               sketch_page(...)                  shingles, min-hashes, features, band keys,
  *                                                 signature, shingles' top halves in one call
  *               set_overlap(x, y, mask)           two pages' shingle tops: exact Jaccard counts
+ *   _ldsig.c    ld_signature(cps, c, mult)        Coates' signature bytes
  *   _memtable.c multimap_get(runs, mem, k, cap)   values of keys in the memory index (runs,
  *                                                 then memtable; with `each`, a list per key)
  *               memtable_add, memtable_arrays     the memtable: add a page; dump it for a run
@@ -305,6 +307,6 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyErr_SetString(PyExc_ImportError, "the nesting model's name table is too small");
         return NULL;
     }
-    tokens_init();
+    ascii_init();
     return PyModule_Create(&module);
 }

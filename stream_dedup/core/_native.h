@@ -83,14 +83,18 @@ static inline int buf_reserve(Buf *b, size_t extra) {
 
 /* _tokens.c */
 INTERNAL PyObject *tokenize(PyObject *self, PyObject *args);
+/* _ascii.c */
 INTERNAL PyObject *block_path(PyObject *self, PyObject *args);
-INTERNAL void tokens_init(void);
+INTERNAL void ascii_init(void);
 /* _sketch.c */
 INTERNAL PyObject *shingles(PyObject *self, PyObject *args);
 INTERNAL PyObject *minhash(PyObject *self, PyObject *args);
-INTERNAL PyObject *ld_signature(PyObject *self, PyObject *args);
 INTERNAL PyObject *sketch_page(PyObject *self, PyObject *args);
 INTERNAL PyObject *set_overlap(PyObject *self, PyObject *args);
+/* _ldsig.c */
+INTERNAL PyObject *ld_signature(PyObject *self, PyObject *args);
+INTERNAL int ld_append(Buf *out, const uint32_t *cp, Py_ssize_t len, uint64_t c,
+                       const uint64_t *mult, Py_ssize_t n);
 /* _memtable.c */
 INTERNAL PyObject *multimap_get(PyObject *self, PyObject *args);
 INTERNAL PyObject *memtable_add(PyObject *self, PyObject *args);

@@ -13,7 +13,7 @@ setup(
             "stream_dedup.core._native",
             [f"stream_dedup/core/{name}.c"
              for name in ("_native", "_tokens", "_ascii", "_sketch", "_ldsig", "_memtable",
-                          "_nesting")],
+                          "_nesting", "_tree", "_names")],
             depends=["stream_dedup/core/_native.h", "stream_dedup/core/_nesting.h",
                      "stream_dedup/core/_tokens.h"],
             extra_compile_args=["-O3", "-std=c11"],

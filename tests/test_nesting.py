@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser
 
-from stream_dedup.core import extract, nesting
+from stream_dedup.core import extract, nesting, nesting_tree
 from stream_dedup.core.decode import decode_html
 from stream_dedup.models import Page
 from stream_dedup.sources.files import iter_inputs
@@ -130,8 +130,8 @@ def test_special_and_scope_elements_are_lexbors() -> None:
     tags = {t.lower() for t in TAGS} - _NOT_PROBED
     special = {t for t in tags if "x-a" in _probe_parents(f"<x-a><{t}></x-a><i-probe>")}
     scope = {t for t in tags if "div" in _probe_parents(f"<div><{t}></div><i-probe>")}
-    assert special == nesting._SPECIAL & tags
-    assert scope == nesting._SCOPE & tags
+    assert special == nesting_tree._SPECIAL & tags
+    assert scope == nesting_tree._SCOPE & tags
 
 
 @pytest.mark.slow

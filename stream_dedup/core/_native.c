@@ -7,7 +7,9 @@
  *
  *   _native.c   visible_text(parser, drop, brk)   walk of a lexbor tree parsed by selectolax;
  *               bind_lexbor; the module's table
- *   _nesting.c  too_deep, nesting_depth           the nesting model of nesting.py
+ *   _nesting.c  too_deep, nesting_depth           the nesting model of nesting.py (its state
+ *                                                 in _tree.c, its tag names in _names.c;
+ *                                                 what they share in _nesting.h)
  *   _tokens.c   tokenize(text, classes, keys)     canonical code points, one hash per token
  *   _ascii.c    its block path for ASCII text;
  *               block_path(name=None)             which build of it runs

@@ -37,7 +37,7 @@ CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
 @pytest.fixture(scope="module")
 def crawl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """The sample crawl (WARC + JSONL), then a JSONL of 40 lines cut into many units: its
-    pages, a blank line, bad records, a line of `\\r` inside a body."""
+    pages, blank lines (one of white space), bad records, a line of `\\r` inside a body."""
     root = tmp_path_factory.mktemp("units")
     warc, jsonl, pages = write_sample(root)
     lines = []
@@ -50,6 +50,7 @@ def crawl(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     for n in BAD_LINES:
         lines[n - 1] = '{"url": "https://bad.example/' + str(n) + '", "body_b64": "!!"'
     lines[20] = ""  # blank: skipped, but it counts as a line
+    lines[30] = " \t\x0b\r"  # white space alone: the same
     lines[21] = lines[21][:-1] + ', "x": "a\\rb"}'
     more = root / "crawl.jsonl"
     more.write_text("\n".join(lines) + "\n")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import binascii
 import gzip
+import io
 import json
 import os
 import zlib
@@ -180,8 +181,8 @@ def iter_jsonl(
             raw.seek(0)
             with gzip.GzipFile(fileobj=raw) if gzipped else raw as lines:
                 for lineno, line in enumerate(lines, 1):
-                    if line.strip():
-                        yield _item(line.rstrip(b"\r\n"), f"{name}#{lineno}", stats)
+                    if not _blank(line):
+                        yield _item(line, f"{name}#{lineno}", stats)
     except EOFError:
         yield _reject(
             stats,
@@ -216,12 +217,11 @@ def iter_jsonl_range(
             data = fh.read(end - start)
             if data and not data.endswith(b"\n"):  # the range's last line goes on past `end`
                 data += fh.readline()
-        lines = data.split(b"\n")  # only at b"\n", as iterating over the file splits
-        if lines[-1] == b"":
-            lines.pop()
-        for lineno, line in enumerate(lines, first_line):
-            if line.strip():
-                yield _item(line.rstrip(b"\r\n"), f"{name}#{lineno}", stats)
+        # Lines end at b"\n" only, as iterating over the file splits them. (bytes.split
+        # compares every byte in Python 3.11: 5 instructions a byte, 1.35 G on 270 MB.)
+        for lineno, line in enumerate(io.BytesIO(data), first_line):
+            if not _blank(line):
+                yield _item(line, f"{name}#{lineno}", stats)
     except OSError as exc:
         yield _reject(
             stats,
@@ -231,12 +231,25 @@ def iter_jsonl_range(
         )
 
 
+def _blank(line: bytes) -> bool:
+    """Only white space: isspace stops at the first other byte, where strip() would copy
+    the whole line (~27 KB) to test it."""
+    return not line or line.isspace()
+
+
 def _item(line: bytes, source: str, stats: SourceStats) -> Page | Rejected:
+    """The page of a line as read: its b"\n" and any b"\r" are JSON white space, so a good
+    line is not copied to drop them; a bad one is read again without them, for the error
+    and raw bytes the line itself gives."""
     stats.records += 1
     try:
         page = page_from_json(line, source)
-    except PageError as exc:
-        return _reject(stats, exc.kind, exc.message, source, line, _url_of(line))
+    except PageError:
+        line = line.rstrip(b"\r\n")
+        try:
+            page = page_from_json(line, source)
+        except PageError as exc:
+            return _reject(stats, exc.kind, exc.message, source, line, _url_of(line))
     stats.pages += 1
     if page.status is not None and not 200 <= page.status < 300:
         stats.non_2xx += 1

@@ -337,12 +337,20 @@ def slow_crawl(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _replay_with_forked_worker(crawl: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
     """`replay --workers 2` in a session of its own, once its worker runs: the process and
     its worker, forked from it (the same command line: no forkserver between them)."""
+    # SIGINT as a terminal gives it, whatever this suite inherited: a shell ignores it in
+    # a command it starts in the background ("cmd &" without job control), and an
+    # ignored signal stays ignored through exec.
     proc = subprocess.Popen([sys.executable, "-m", "stream_dedup", "replay", str(crawl),
                              "--workers", "2", "-o", str(tmp_path / "out.jsonl")],
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
 
     def worker() -> int | None:
         for pid in children(proc.pid):

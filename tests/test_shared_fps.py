@@ -13,7 +13,7 @@ from test_units import _counting, _same_analyses, big_warc  # noqa: F401  (a fix
 
 from stream_dedup import Settings, analysis, memo
 from stream_dedup.analysis import Analyzer
-from stream_dedup.sources import unit_read, units
+from stream_dedup.sources import unit_plan, unit_read, units
 from stream_dedup.sources.shared_fps import SharedFingerprints
 from stream_dedup.sources.warc import SourceStats
 
@@ -83,9 +83,9 @@ class _Pool:
         return None
 
 
-def _first_unit(path: Path) -> unit_read.Unit:
-    first = next(u for u in unit_read.plan_units([path], SourceStats(), unit_bytes=1 << 20)
-                 if isinstance(u, unit_read.Unit))
+def _first_unit(path: Path) -> unit_plan.Unit:
+    first = next(u for u in unit_plan.plan_units([path], SourceStats(), unit_bytes=1 << 20)
+                 if isinstance(u, unit_plan.Unit))
     assert first.kind == "archive-part"
     return first
 

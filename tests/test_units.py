@@ -398,6 +398,34 @@ def test_units_planned_ahead_are_bounded_by_their_bytes(
     assert two.decisions == one.decisions
 
 
+def _resident_kb(path: Path) -> int:
+    """This process's resident KB of its maps of `path` (/proc/self/smaps)."""
+    total, in_map = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5:  # a map's first line
+                in_map = line.rstrip().endswith(str(path))
+            elif in_map and head[:1] == ["Rss:"]:
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux only")
+def test_planning_a_jsonl_crawl_does_not_keep_it_resident(tmp_path: Path) -> None:
+    """The ranges of a plain JSONL file are found in a map of it; what has been planned
+    leaves the map, so the planner's resident set does not grow with the file (it grew by
+    the whole 270 MB of the synthetic crawl before, with --workers 2)."""
+    crawl = tmp_path / "crawl.jsonl"
+    line = json.dumps({"url": "https://a.example/", "html": "<p>" + "w " * 2000 + "</p>"})
+    crawl.write_text((line + "\n") * 2000)  # 8 MB
+    most = 0
+    for unit in units.plan_units([crawl], SourceStats(), unit_bytes=256 << 10):
+        assert isinstance(unit, units.Unit) and unit.kind == "jsonl-range"
+        most = max(most, _resident_kb(crawl))
+    assert most <= 2048  # of the 8,192 KB a map that keeps what it read holds at the end
+
+
 def test_a_body_a_worker_analysed_is_not_analysed_again_here(
         big_warc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The analyses of a worker's unit are remembered in this process: a later unit read

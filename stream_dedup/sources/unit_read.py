@@ -1,19 +1,15 @@
-"""One unit of a `replay --workers N` input and how it is read: planning the units (an
-archive's parts, a JSONL file's ranges), reading one with its pages' analyses (here, or in
-a worker process that sends it back packed: pages without their bodies and headers), and
-unpacking it.
-`units.UnitSource` schedules the units between this process and the workers.
+"""How one unit of a `replay --workers N` input (unit_plan.py) is read: with its pages'
+analyses, here or in a worker process that sends it back packed (pages without their
+bodies and headers), and unpacked here. `units.UnitSource` schedules the units between
+this process and the workers.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import mmap
-import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,38 +18,16 @@ from stream_dedup.analysis import Analyzer, raw_fingerprint, worker_analyzer, wo
 from stream_dedup.decide import Analysis
 from stream_dedup.memo import REMEMBERED, Memo, Row, as_row, from_row
 from stream_dedup.models import Page, Rejected
-from stream_dedup.sources.files import Input, plan_inputs
 from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range
-from stream_dedup.sources.parts import Cut, PartEnd, plan_parts, read_part, read_rest
-from stream_dedup.sources.warc import ArchiveFormat, SourceStats, iter_archive
+from stream_dedup.sources.parts import Cut, PartEnd, read_part, read_rest
+from stream_dedup.sources.unit_plan import Unit
+from stream_dedup.sources.warc import SourceStats, iter_archive
 from stream_dedup.verdicts import warc_digest
 
-# A plain JSONL file is cut into ranges of about this many bytes (at line ends), an archive
-# into parts of about as many (at records): small enough that the two ends of a replay
-# meet within a fraction of a second, large enough that a unit's fixed cost (a future, a
-# pipe round trip, planning) stays small.
-UNIT_BYTES = 1 << 20
 # A unit's pages are read so many (or so many bytes of bodies) at a time and then analysed,
 # not one by one: reading (gunzip, FastWARC) and analysing (lexbor, tokens, sketches) then
 # each run with their own code and data in the core's caches.
 READ_AHEAD_PAGES, READ_AHEAD_BYTES = 32, 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """A file; the lines of a plain JSONL file starting in bytes [start, end); the records
-    of an archive starting there (parts.py); or an archive's rest, read in one piece."""
-
-    path: Path
-    name: str
-    kind: str  # "archive", "jsonl" (a whole file), "jsonl-range", "archive-part", "archive-rest"
-    start: int = 0
-    end: int = 0
-    first_line: int = 1
-    size: int = 0  # bytes of input (what its result in memory grows with)
-    fmt: ArchiveFormat | None = None  # an archive part or rest
-    last: bool = False  # an archive part that reads to the end of the file
-    skip: int = 0  # an archive rest: records its reader drops (accepted in parts before)
 
 
 @dataclass(slots=True)
@@ -63,77 +37,6 @@ class UnitResult:
     stats: SourceStats = field(default_factory=SourceStats)
     end: PartEnd | None = None  # an archive part or rest: its records' ordinals, its end
     deferred: list[int] = field(default_factory=list)  # pages read here, not analysed yet
-
-
-def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
-               unit_bytes: int = UNIT_BYTES) -> Iterator[Unit | Rejected]:
-    """The inputs as units, in input order; an unreadable input as its Rejected (counted
-    in `stats`, as FileSource counts it)."""
-    for planned in plan_inputs(paths, stats):
-        if isinstance(planned, Rejected):
-            yield planned
-        elif planned.kind == "archive":
-            yield from _archive_units(planned, stats, unit_bytes)
-        else:
-            yield from _jsonl_units(planned, unit_bytes)
-
-
-def _archive_units(planned: Input, stats: SourceStats, unit_bytes: int) -> Iterator[Unit]:
-    """An archive whole, or in parts of about `unit_bytes` (parts.py); a part that starts
-    the file does not count it (the file is counted here)."""
-    whole = Unit(planned.path, planned.name, "archive", size=_size(planned.path))
-    try:
-        fmt, cuts = plan_parts(planned.path, unit_bytes, stats.unsplit)
-        cut = next(cuts)
-    except (OSError, ValueError):
-        yield whole  # its reader says why
-        return
-    if fmt is None or cut.last:
-        yield whole
-        return
-    stats.files += 1
-    while True:
-        yield Unit(planned.path, planned.name, "archive-part", cut.start, cut.end,
-                   size=cut.end - cut.start, fmt=fmt, last=cut.last)
-        if cut.last:
-            return
-        cut = next(cuts)
-
-
-def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
-    """A gzipped JSONL file whole; a plain one in ranges cut after a newline, each with
-    the number of its first line (iter_jsonl counts every line, blank ones too). The lines
-    are found in a map of the file, not read: ~3 µs a 27 KB line."""
-    whole = Unit(planned.path, planned.name, "jsonl", size=_size(planned.path))
-    try:
-        with open(planned.path, "rb") as fh:
-            gzipped = fh.read(2) == b"\x1f\x8b"
-            size = os.fstat(fh.fileno()).st_size
-            view = None if gzipped or size == 0 else mmap.mmap(fh.fileno(), 0,
-                                                                access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
-        view = None
-        gzipped = True  # its reader reports why it cannot be read
-    if gzipped or view is None:
-        yield whole
-        return
-    with view:
-        start, line, at, lines = 0, 1, 0, 0
-        while at < size:
-            nl = view.find(b"\n", at)
-            at = size if nl < 0 else nl + 1
-            lines += 1
-            if at - start >= unit_bytes or at >= size:
-                yield Unit(planned.path, planned.name, "jsonl-range", start, at, line,
-                           at - start)
-                start, line, lines = at, line + lines, 0
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0  # its reader says why
 
 
 def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,

@@ -34,7 +34,8 @@ other which bodies they analyse (shared_fps.py), so that a copy is analysed in o
 A worker that dies breaks the pool: the units it held are read again (here, or by new
 processes), so no page is lost and none comes twice.
 
-This module schedules the units; unit_read.py plans them and reads one (here or in a worker).
+This module schedules the units; unit_plan.py plans them, unit_read.py reads one (here or in
+a worker).
 """
 
 from __future__ import annotations
@@ -57,17 +58,14 @@ from stream_dedup.memo import Memo, Row, as_row
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.parts import Chain, Cut
 from stream_dedup.sources.shared_fps import SharedFingerprints
+from stream_dedup.sources.unit_plan import UNIT_BYTES, Unit, _size, plan_units
 from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
-    UNIT_BYTES,
     Packed,
-    Unit,
     UnitResult,
-    _size,
     _with_sources,
     _worker_read,
     finish_deferred,
     merge_stats,
-    plan_units,
     read_unit,
     unpack,
 )

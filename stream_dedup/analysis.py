@@ -211,8 +211,7 @@ class AnalysisPool:
         self.workers = workers
         self.processes = workers - 1
         self._lock = threading.Lock()
-        self._started = False  # start() was called (again after a break)
-        self._starting: threading.Thread | None = None  # starting them from the forkserver
+        self._starting: threading.Thread | None = None
         self._executor: WorkerPool | None = None
         self._ready = threading.Event()
         self._closed = False
@@ -224,12 +223,10 @@ class AnalysisPool:
     def start(self, *, fork: bool = False) -> None:
         """Start the worker processes (returns at once; idempotent): with `fork`, forked
         from this process if it runs no other thread yet (milliseconds: replay, before its
-        event loop; they take tasks at once), else in the background from the forkserver
-        (workers.py)."""
+        event loop), else in the background from the forkserver (workers.py)."""
         with self._lock:
-            if self._closed or self._started:
+            if self._closed or self._starting is not None:
                 return
-            self._started = True
             forked = None
             if fork and not can_fork():
                 log.info("other threads run (%s): the analysis worker processes start from "
@@ -243,24 +240,20 @@ class AnalysisPool:
                 except Exception:
                     log.exception("forking the analysis worker processes failed; starting "
                                   "them from the forkserver")
-            if forked is not None:
-                # It has all this process has loaded: a task sent now is taken at once (a
-                # round trip first, to see it answer, delayed its first unit by ~20 ms).
-                self._ready_with(forked)
-                return
-            self._starting = threading.Thread(target=self._start, name="analysis-pool-start",
-                                              daemon=True)
+            self._starting = threading.Thread(target=self._start, args=(forked,),
+                                              name="analysis-pool-start", daemon=True)
             self._starting.start()
 
-    def _start(self) -> None:
-        """Start the processes from the forkserver; wait until they take tasks."""
+    def _start(self, executor: WorkerPool | None) -> None:
+        """Start the processes from the forkserver unless `executor` was forked; wait
+        until they take tasks."""
         started = perf_counter()
-        executor = None
         try:
-            start_forkserver()  # it imports the package while this thread builds tables
-            # The parent's tables go along (it needs them too): a worker that built its own
-            # would spend ~0.4 s on them before its first page.
-            executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
+            if executor is None:
+                start_forkserver()  # it imports the package while this thread builds tables
+                # The parent's tables go along (it needs them too): a worker that built its
+                # own would spend ~0.4 s on them before its first page.
+                executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
             # In the background: the first start of a forkserver imports the package there.
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
                 executor.result(ready)
@@ -271,21 +264,17 @@ class AnalysisPool:
             if executor is not None:  # its other processes exit now, not at garbage collection
                 executor.shutdown(wait=False, cancel_futures=True)
             with self._lock:
-                self._starting, self._started = None, False  # a later start() tries again
+                self._starting = None  # a later start() tries again
             return
         with self._lock:
             if self._closed:
                 executor.shutdown(wait=False, cancel_futures=True)
                 return
-            self._ready_with(executor)
+            self._executor = executor
+            self.starts += 1
+            self._ready.set()
         log.info("%d analysis worker process(es) ready in %.2f s", self.processes,
                  perf_counter() - started)
-
-    def _ready_with(self, executor: WorkerPool) -> None:
-        """(holding the lock) `executor` takes this pool's tasks from now on."""
-        self._executor = executor
-        self.starts += 1
-        self._ready.set()
 
     @property
     def ready(self) -> bool:
@@ -327,7 +316,7 @@ class AnalysisPool:
         with self._lock:
             if self._executor is executor:
                 self._executor = None
-                self._starting, self._started = None, False
+                self._starting = None
                 self._ready.clear()
                 self.seen = None  # its workers' tables (new ones come from the forkserver)
         executor.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,7 @@ from stream_dedup.sources.warc import ArchiveFormat, SourceStats
 # meet within a fraction of a second, large enough that a unit's fixed cost (a future, a
 # pipe round trip, planning) stays small.
 UNIT_BYTES = 1 << 20
+_ADVISE = getattr(mmap, "MADV_DONTNEED", None)  # None where there is no madvise (Windows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +112,8 @@ def _release(view: mmap.mmap, released: int, end: int) -> int:
     """Drop the map's pages from `released` (a page's start) to the page holding `end` from
     this process (not from the page cache); return where the next release starts."""
     last = end // mmap.PAGESIZE * mmap.PAGESIZE
-    if last > released and hasattr(view, "madvise"):
-        view.madvise(mmap.MADV_DONTNEED, released, last - released)
+    if last > released and _ADVISE is not None:
+        view.madvise(_ADVISE, released, last - released)
         return last
     return released
 

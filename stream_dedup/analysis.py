@@ -216,6 +216,7 @@ class AnalysisPool:
         self._ready = threading.Event()
         self._closed = False
         self.starts = 0  # process pools started (1 + replacements of broken ones)
+        self._finished: list[WorkerPool] = []  # told to exit (finish), not yet waited for
         # The bodies forked workers read (sources/units.py); None from the forkserver.
         self.seen: SharedFingerprints | None = None
 
@@ -285,6 +286,19 @@ class AnalysisPool:
         self.start()
         return self._ready.wait(timeout)
 
+    def finish(self) -> None:
+        """No more tasks will come: the processes exit now, while the caller goes on
+        (`shutdown` then waits for them). Until `shutdown`, `executor()` is None and
+        `analyse` analyses in the calling thread."""
+        with self._lock:
+            self._closed = True
+            executor, self._executor = self._executor, None
+            self._ready.clear()
+            if executor is not None:
+                self._finished.append(executor)
+        if executor is not None:
+            executor.shutdown(wait=False)
+
     def shutdown(self) -> None:
         with self._lock:
             self._closed = True
@@ -294,8 +308,9 @@ class AnalysisPool:
             starting.join()
             with self._lock:
                 executor, self._executor = executor or self._executor, None
-        if executor is not None:
-            executor.shutdown(wait=True, cancel_futures=True)
+        for done in [*self._finished, executor]:
+            if done is not None:
+                done.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> AnalysisPool:
         return self

@@ -140,23 +140,29 @@ def replay(
 
     pool = AnalysisPool(dedup.settings, workers) if workers > 1 else None
     source: FileSource | UnitSource = FileSource([Path(p) for p in paths])
+    fork = False
     if pool is not None:
         size = _input_bytes(paths)
         if size >= EARLY_START_BYTES:
             # The processes read and analyse units of the input themselves (units.py);
-            # until they are up, this process reads every unit. Forked from this process
-            # before it starts any thread (the progress bar's, the runner's), they are
-            # ready in milliseconds (from the forkserver: 0.37-0.50 s).
-            pool.start(fork=True)
+            # until they are up, this process reads every unit.
             source = UnitSource([Path(p) for p in paths], dedup.analyzer, pool)
+            fork = True
         else:
             log.info("replay of %.1f MB: the %d analysis worker process(es) start only for a "
                      "batch of enough pages (small inputs are analysed in this process)",
                      size / 1e6, pool.processes)
-    bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     shown: Counter[str] = Counter()
     runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered), pool,
                     metrics)
+    if fork:
+        assert pool is not None
+        # Forked from this process before it starts any thread (the progress bar's, the
+        # runner's), they are ready in milliseconds (from the forkserver: 0.37-0.50 s);
+        # forked after what can be made before (the runner), they take the first units
+        # while this process starts its event loop.
+        pool.start(fork=True)
+    bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     try:
         asyncio.run(runner.run(asyncio.Event()))
         summary.index = dedup.index.stats()

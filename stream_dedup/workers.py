@@ -78,6 +78,7 @@ class WorkerPool(ProcessPoolExecutor):
     def __init__(self, workers: int, ctx: Any, initializer: Callable[..., None],
                  initargs: tuple[Any, ...]) -> None:
         alive, self._alive = multiprocessing.Pipe(duplex=False)
+        self._manager: Any = None  # the manager thread once shut down (shutdown)
         # A forked worker holds a copy of the write end too (it must close it, or it would
         # never see EOF); a worker of the forkserver gets only what is passed (pickled).
         forked = ctx.get_start_method() == "fork"
@@ -116,8 +117,11 @@ class WorkerPool(ProcessPoolExecutor):
                                         "(killed while sending a result)")
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        # A second super().shutdown() would not wait: the first forgets the manager thread.
-        manager, results = self._executor_manager_thread, self._result_queue
+        # super().shutdown() forgets the manager thread: a second call (after one that did
+        # not wait) waits for the one the first saw.
+        manager = self._executor_manager_thread or self._manager
+        results = self._result_queue
+        self._manager = manager
         super().shutdown(wait=False, cancel_futures=cancel_futures)  # forgets both
         self._alive.close()  # idempotent; every worker sees EOF and exits
         if results is not None:

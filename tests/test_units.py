@@ -9,10 +9,12 @@ import base64
 import fcntl
 import itertools
 import json
+import multiprocessing
 import os
 import signal
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -356,9 +358,9 @@ def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
 
 def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
         crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """An archive that cannot be cut is one unit however large, and a result waits here
-    until decided: past QUEUED_BYTES_PER_PROCESS of input queued, no more units go to the
-    workers."""
+    """An archive that cannot be cut is one unit however large: past
+    QUEUED_BYTES_PER_PROCESS of input in the workers' hands (sent, not back), no more units
+    go to them. (What is back waits here, bounded by the units planned ahead.)"""
     most = 0
 
     class Counting(units.UnitSource):
@@ -366,7 +368,7 @@ def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
             nonlocal most
             super()._feed()
             most = max(most, sum(1 for s in self._slots if s.task is not None
-                                 and s.result is None))
+                                 and s.result is None and not s.task[1].done()))
 
     settings = Settings(batch_size=7)
     one = MemorySink()
@@ -375,6 +377,110 @@ def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
     two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
     assert source.units_there > 0 and most == 1
     assert two.decisions == one.decisions
+
+
+def test_units_back_but_not_collected_do_not_hold_the_workers_back(
+        crawl: list[Path]) -> None:
+    """A unit a worker has finished waits for this process to collect it, which may be
+    reading a unit itself meanwhile: it no longer counts among the QUEUED_PER_PROCESS the
+    workers hold, so they get the next units instead of waiting idle."""
+
+    class Executor:
+        def __init__(self) -> None:
+            self.sent: list[units.Unit] = []
+
+        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
+            self.sent.append(unit)
+            return Future()
+
+    executor = Executor()
+
+    class Pool:
+        processes = 1
+        seen = None
+
+        def executor(self) -> Executor:
+            return executor
+
+    source = units.UnitSource(crawl, Analyzer(Settings()), Pool(),  # type: ignore[arg-type]
+                              unit_bytes=3000)
+    source._plan_ahead()
+    source._feed()
+    first = len(executor.sent)
+    assert first == units.QUEUED_PER_PROCESS
+    source._feed()
+    assert len(executor.sent) == first  # all still in the worker's hands
+    for slot in source._slots:  # each back, none collected
+        if slot.task is not None:
+            slot.task[1].set_result(None)
+    source._plan_ahead()
+    source._feed()
+    assert len(executor.sent) == 2 * first
+
+
+def test_a_batch_near_the_end_goes_out_rather_than_wait_for_more_reading(
+        crawl: list[Path]) -> None:
+    """Over the input's last units (ENDING_BYTES), a batch begun is handed out for deciding
+    when the next unit is a worker's and not back, instead of this process reading another
+    unit first: deciding keeps up, and little is left to decide after the last unit."""
+    analyzer = Analyzer(Settings())
+
+    class Executor:
+        def __init__(self) -> None:
+            self.sent = 0
+
+        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
+            self.sent += 1
+            f: Future[object] = Future()
+            if self.sent == 1:  # the first unit comes back at once, the others never
+                f.set_result(unit_read.read_unit(unit, analyzer, memo_module.Memo()))
+            return f
+
+        def result(self, f: Future[object], stopped: object) -> object:
+            return f.result(timeout=10)
+
+    class Pool:
+        processes = 1
+        seen = None
+        executor_ = Executor()
+
+        def executor(self) -> Executor:
+            return self.executor_
+
+    source = units.UnitSource(crawl, analyzer, Pool(),  # type: ignore[arg-type]
+                              unit_bytes=20_000)
+    for _ in range(units.AHEAD_UNITS):  # all of it planned: its last units (< ENDING_BYTES)
+        source._plan_ahead()
+    assert source._ending() and len(source._slots) > units.QUEUED_PER_PROCESS + 1
+    items, _ = source._take(1 << 30, asyncio.Event())
+    assert items and source.units_here == 0 and source.units_there == 1
+    assert any(s.free for s in source._slots)  # not read here: the batch went out instead
+
+
+def test_the_workers_are_let_go_once_the_last_unit_is_back(
+        big_warc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every unit is planned and none is left for them, the workers are told to exit
+    (AnalysisPool.finish) while this process still decides the last batches; the replay's
+    shutdown then waits for them, and no process outlives it."""
+    finished: list[int] = []  # decisions delivered when finish() was called
+    sink = MemorySink()
+
+    class Finishing(AnalysisPool):
+        def finish(self) -> None:
+            finished.append(len(sink.decisions))
+            super().finish()
+            assert self.executor() is None
+
+    class Small(units.UnitSource):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs, unit_bytes=256 << 10)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(replay_module, "AnalysisPool", Finishing)
+    monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
+    monkeypatch.setattr(replay_module, "UnitSource", Small)
+    summary = replay([big_warc], sink, Settings(batch_size=20), workers=2)
+    assert len(finished) == 1 and 0 < finished[0] < len(sink.decisions) == summary.pages
+    assert not multiprocessing.active_children()
 
 
 def test_units_planned_ahead_are_bounded_by_their_bytes(

@@ -46,7 +46,7 @@ import logging
 import os
 from collections import OrderedDict, deque
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -95,11 +95,19 @@ QUEUED_PER_PROCESS = 6
 # process until decided, and an archive that is one gzip stream is one unit however large
 # (a 1 GB WARC: ~100,000 pages).
 QUEUED_BYTES_PER_PROCESS = 32 << 20
+# The input's last units, at most so many bytes of them: a batch begun then goes to be
+# decided before this process reads another unit, so that deciding keeps up with reading
+# and little is left to decide once the last unit is read.
+ENDING_BYTES = 4 * UNIT_BYTES
 
 
 
 class _Stopped(Exception):
     """The replay is stopping: the unit being read or waited for is left unfinished."""
+
+
+class _NotBack(Exception):
+    """The unit due is a worker's and not back, and nothing is left to read here."""
 
 
 @dataclass(slots=True)
@@ -145,19 +153,27 @@ class UnitSource(PageRecords):
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
         self._stop: asyncio.Event | None = None  # the fetch's, while it runs
+        self._reader: ThreadPoolExecutor | None = None  # the thread fetches run in
         self.units_here = 0  # units read in this process / by the workers (tests, logs)
         self.units_there = 0
         self.restarts = 0
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="units")
         try:
-            items, analyses = await asyncio.to_thread(self._take, max_records, stop)
+            items, analyses = await asyncio.get_running_loop().run_in_executor(
+                self._reader, self._take, max_records, stop)
         except asyncio.CancelledError:
             # Ctrl-C: asyncio.run cancels the run and then waits for this thread, which
             # would otherwise read on to the end of the input.
             stop.set()
             raise
-        return Batch(items, analyses=analyses) if items else None
+        if not items:
+            self._reader.shutdown(wait=False)
+            self._reader = None
+            return None
+        return Batch(items, analyses=analyses)
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass
@@ -171,8 +187,11 @@ class UnitSource(PageRecords):
         while len(items) < max_records and not stop.is_set():
             if self._current is None or self._at >= len(self._current.items):
                 try:
-                    self._current, self._at = self._next_result(), 0
-                except _Stopped:
+                    # A batch begun goes out rather than wait for a worker's unit (the end
+                    # of the input): it is decided meanwhile, not after the last unit.
+                    self._current, self._at = self._next_result(begun=bool(items)), 0
+                except (_Stopped, _NotBack):
+                    self._current, self._at = None, 0
                     break
                 if self._current is None:
                     break
@@ -208,7 +227,10 @@ class UnitSource(PageRecords):
         if executor is None:
             return
         assert self.pool is not None
-        busy = [s for s in self._slots if s.task is not None and s.result is None]
+        # (A unit back but not collected yet does not count: the thread that collects it
+        # may be reading a unit here meanwhile, and the workers would wait for it.)
+        busy = [s for s in self._slots
+                if s.task is not None and s.result is None and not s.task[1].done()]
         running = len(busy)
         queued = sum(s.unit.size for s in busy if s.unit is not None)
         depth = QUEUED_PER_PROCESS * self.pool.processes
@@ -228,24 +250,38 @@ class UnitSource(PageRecords):
                 running += 1
                 queued += slot.unit.size
 
-    def _next_result(self) -> UnitResult | None:
+    def _ending(self) -> bool:
+        """Whether the units left (planned, not collected) are the input's last few, and
+        workers read some of them."""
+        return self._planned_all and self.pool is not None and \
+            self.pool.executor() is not None and sum(
+            s.unit.size for s in self._slots if s.unit is not None) <= ENDING_BYTES
+
+    def _next_result(self, begun: bool = False) -> UnitResult | None:
         """The next unit's result in input order: collected from a worker, or read here;
-        while it is not back, this thread reads the earliest unit nobody has taken."""
+        while it is not back, this thread reads the earliest unit nobody has taken. With
+        a batch `begun`, _NotBack instead of waiting for a worker's, and instead of reading
+        one here over the input's last units (`_ending`)."""
         self._plan_ahead()
         while self._slots:
             head = self._slots[0]
             self._feed()
             if head.free:
+                if begun and self._ending():
+                    raise _NotBack
                 head.result = self._here(head)
             elif head.result is None:
                 assert head.task is not None
                 executor, future = head.task
                 if not future.done():
                     self._plan_ahead()
-                    spare = next((s for s in self._slots if s.free), None)
+                    spare = None if begun and self._ending() else next(
+                        (s for s in self._slots if s.free), None)
                     if spare is not None:
                         spare.result = self._here(spare)
                         continue
+                    if begun:
+                        raise _NotBack
                 try:
                     head.result = executor.result(future, self._stopping)
                     self.units_there += 1
@@ -259,9 +295,20 @@ class UnitSource(PageRecords):
             self._bury()
             self._plan_ahead()
             self._feed()
+            self._finish_pool()
             if result is not None:
                 return result
         return None
+
+    def _finish_pool(self) -> None:
+        """Once every unit is planned and none is left for the workers, let them exit now
+        (AnalysisPool.finish): their exit then overlaps this process deciding the last
+        batches instead of following them (~7 ms). A unit planned after all (an archive
+        part read again, parts.py) is read here."""
+        if self.pool is None or self.pool.executor() is None or not self._planned_all or any(
+                s.free or (s.task is not None and s.result is None) for s in self._slots):
+            return
+        self.pool.finish()
 
     def _settled(self, slot: _Slot) -> UnitResult | None:
         """The due unit's result, its sources set; None for an archive part dropped

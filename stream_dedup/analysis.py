@@ -246,8 +246,8 @@ class AnalysisPool:
             self._starting.start()
 
     def _start(self, executor: WorkerPool | None) -> None:
-        """Start the processes from the forkserver unless `executor` was forked; wait
-        until they take tasks."""
+        """Start the processes from the forkserver, and wait until they take tasks; or
+        take `executor`, forked, as it is."""
         started = perf_counter()
         try:
             if executor is None:
@@ -255,9 +255,10 @@ class AnalysisPool:
                 # The parent's tables go along (it needs them too): a worker that built its
                 # own would spend ~0.4 s on them before its first page.
                 executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
-            # In the background: the first start of a forkserver imports the package there.
-            for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
-                executor.result(ready)
+                # In the background: the first start of a forkserver imports the package
+                # there. (Forked ones have what this process has: a task is taken at once.)
+                for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
+                    executor.result(ready)
         except Exception:
             log.exception("the analysis worker processes did not start (one killed while "
                           "starting?); analysing in the deciding thread, trying again with "
@@ -282,7 +283,8 @@ class AnalysisPool:
         return self._ready.is_set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
-        """Start, and wait until the processes take tasks (tests, benchmarks)."""
+        """Start, and wait until the processes take tasks (forked ones: until forked;
+        tests, benchmarks)."""
         self.start()
         return self._ready.wait(timeout)
 

@@ -97,11 +97,11 @@ def test_a_worker_sends_fingerprints_for_bodies_this_process_remembers(
     first = _first_unit(big_warc)
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
     here = source._here(units._Slot(first))
-    assert len(source._memo.rows) > 10
+    assert len(source._shared.memo.rows) > 10
     packed = unit_read._worker_read(first)
     pages = [r for r in packed.rows if r is not None]
     assert pages and all(isinstance(r, int) for r in pages)  # no analysis came back
-    _same_analyses(unit_read.unpack(packed, None, source._recall), here)
+    _same_analyses(unit_read.unpack(packed, None, source._shared.recall), here)
 
 
 def test_a_worker_sends_fingerprints_even_for_bodies_it_analysed_itself(
@@ -112,12 +112,12 @@ def test_a_worker_sends_fingerprints_even_for_bodies_it_analysed_itself(
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
     packed = unit_read._worker_read(first)
     assert any(not isinstance(r, int) for r in packed.rows if r is not None)
-    source._remembered(unit_read.unpack(packed, None, source._recall))
+    source._shared.remembered(unit_read.unpack(packed, None, source._shared.recall))
     again = unit_read._worker_read(first)
     pages = [r for r in again.rows if r is not None]
     assert pages and all(isinstance(r, int) for r in pages)
-    _same_analyses(unit_read.unpack(again, None, source._recall),
-                   unit_read.unpack(packed, None, source._recall))
+    _same_analyses(unit_read.unpack(again, None, source._shared.recall),
+                   unit_read.unpack(packed, None, source._shared.recall))
 
 
 def test_a_copy_a_worker_reads_is_analysed_there_not_here(
@@ -132,8 +132,8 @@ def test_a_copy_a_worker_reads_is_analysed_there_not_here(
     here = source._here(units._Slot(first))
     assert here.deferred and all(here.analyses[i] is None for i in here.deferred)
     assert analysed == []
-    source._remembered(unit_read.unpack(packed, None, source._recall))
-    assert unit_read.finish_deferred(here, source.analyzer, source._memo) == 0
+    source._shared.remembered(unit_read.unpack(packed, None, source._shared.recall))
+    assert unit_read.finish_deferred(here, source.analyzer, source._shared.memo) == 0
     assert analysed == [] and not here.deferred
     _same_analyses(here, unit_read.read_unit(first, source.analyzer, unit_read.Memo()))
 
@@ -147,17 +147,17 @@ def test_an_analysis_forgotten_here_is_kept_until_the_units_sent_before_are_back
     seen = SharedFingerprints(1, slots=16)
     source = units.UnitSource([], Analyzer(Settings()), _Pool(seen))  # type: ignore[arg-type]
     out = units._Slot(None, task=(None, None))  # type: ignore[arg-type]
-    source._sent = out.sent = 1
+    source._shared.sent = out.sent = 1
     source._slots.append(out)
     for fp in (10, 11, 12):
-        source._memo.put(fp, (fp, b""))
-    assert list(source._memo.rows) == [11, 12] and not seen.in_parent(10)
+        source._shared.memo.put(fp, (fp, b""))
+    assert list(source._shared.memo.rows) == [11, 12] and not seen.in_parent(10)
     source._bury()
-    assert source._recall(10) == (10, b"")  # the unit sent before may ask for it
+    assert source._shared.recall(10) == (10, b"")  # the unit sent before may ask for it
     source._slots.clear()
     source._bury()
     with pytest.raises(RuntimeError, match="does not have its analysis"):
-        source._recall(10)
+        source._shared.recall(10)
 
 
 @pytest.mark.parametrize("remembered", [3, 4096])

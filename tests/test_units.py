@@ -12,6 +12,8 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -290,11 +292,11 @@ def test_a_worker_reads_a_bad_record_as_a_reject(crawl: list[Path]) -> None:
         assert executor is not None
         got, sent = (units.unpack(executor.result(executor.submit(units._worker_read, u)))
                      for u in (unit, page_unit))
-    here = units.read_unit(unit, Analyzer(Settings()), units.Memo())
+    here = units.read_unit(unit, Analyzer(Settings()), memo_module.Memo())
     assert len(got.items) == 1 and isinstance(got.items[0], Rejected)
     assert got.items[0] == here.items[0] and got.items[0].raw
     assert got.stats.rejected == here.stats.rejected == {"bad-json": 1}
-    local = units.read_unit(page_unit, Analyzer(Settings()), units.Memo())
+    local = units.read_unit(page_unit, Analyzer(Settings()), memo_module.Memo())
     (page,), (a,) = sent.items, sent.analyses
     (full,), (b,) = local.items, local.analyses
     assert isinstance(page, Page) and isinstance(full, Page) and a is not None and b is not None
@@ -457,6 +459,46 @@ def test_a_batch_near_the_end_goes_out_rather_than_wait_for_more_reading(
     assert any(s.free for s in source._slots)  # not read here: the batch went out instead
 
 
+def test_between_fetches_at_the_end_the_workers_are_fed_as_they_finish(
+        crawl: list[Path]) -> None:
+    """Over the last units, while a batch is decided no fetch runs, and the workers would
+    wait once the few small units they hold are done: the fetching thread gives them the
+    next unit as each comes back, until the next fetch wakes it."""
+    sent: list[Future[object]] = []
+
+    class Executor:
+        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
+            sent.append(Future())
+            return sent[-1]
+
+    class Pool:
+        processes = 1
+        seen = None
+        executor_ = Executor()
+
+        def executor(self) -> Executor:
+            return self.executor_
+
+    source = units.UnitSource(crawl, Analyzer(Settings()), Pool(),  # type: ignore[arg-type]
+                              unit_bytes=20_000)
+    for _ in range(units.AHEAD_UNITS):
+        source._plan_ahead()
+    source._feed()
+    assert source._ending() and len(sent) == units.QUEUED_PER_PROCESS
+    wake: Future[None] = Future()
+    feeding = threading.Thread(target=source._feeding, args=(wake,))
+    feeding.start()
+    for k in range(2):  # a unit back: the next goes out
+        sent[k].set_result(None)
+        deadline = time.monotonic() + 10
+        while len(sent) < units.QUEUED_PER_PROCESS + k + 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert len(sent) == units.QUEUED_PER_PROCESS + k + 1
+    wake.set_result(None)
+    feeding.join(10)
+    assert not feeding.is_alive()
+
+
 def test_the_workers_are_let_go_once_the_last_unit_is_back(
         big_warc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Once every unit is planned and none is left for them, the workers are told to exit
@@ -545,12 +587,12 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
         assert executor is not None
         packed = executor.result(executor.submit(units._worker_read, first))
     source = units.UnitSource([big_warc], Analyzer(Settings()), None)
-    got = source._remembered(units.unpack(packed))
-    assert got.items and len(source._memo.rows) > 10
+    got = source._shared.remembered(units.unpack(packed))
+    assert got.items and len(source._shared.memo.rows) > 10
     analysed = _counting(monkeypatch)
-    again = units.read_unit(first, source.analyzer, source._memo)  # the worker's unit, here
+    again = units.read_unit(first, source.analyzer, source._shared.memo)  # the worker's unit, here
     assert analysed == [] and len(again.items) == len(got.items)
-    fresh = units.read_unit(first, source.analyzer, units.Memo())
+    fresh = units.read_unit(first, source.analyzer, memo_module.Memo())
     assert analysed  # (the spy sees analyses)
     _same_analyses(again, fresh)
 
@@ -598,7 +640,7 @@ def test_the_memo_of_analyses_is_bounded_by_count_and_by_bytes(
     each): the oldest go first past REMEMBERED entries or REMEMBERED_BYTES of sets."""
     monkeypatch.setattr(memo_module, "REMEMBERED", 3)
     monkeypatch.setattr(memo_module, "REMEMBERED_BYTES", 100)
-    memo = units.Memo()
+    memo = memo_module.Memo()
     for fp in range(4):
         memo.put(fp, (fp, b"x" * 10))
     assert list(memo.rows) == [1, 2, 3] and memo.bytes == 30  # by count

@@ -44,20 +44,20 @@ import asyncio
 import dataclasses
 import logging
 import os
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stream_dedup.analysis import Analyzer
 from stream_dedup.decide import Analysis
 from stream_dedup.edges import Batch, PageRecords
-from stream_dedup.memo import Memo, Row, as_row
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.parts import Chain, Cut
 from stream_dedup.sources.shared_fps import SharedFingerprints
+from stream_dedup.sources.unit_memo import UnitMemo
 from stream_dedup.sources.unit_plan import UNIT_BYTES, Unit, _size, plan_units
 from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
     Packed,
@@ -70,6 +70,7 @@ from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them he
     unpack,
 )
 from stream_dedup.sources.warc import SourceStats
+from stream_dedup.workers import POLL_S
 
 if TYPE_CHECKING:
     from stream_dedup.analysis import AnalysisPool
@@ -98,7 +99,8 @@ QUEUED_BYTES_PER_PROCESS = 32 << 20
 # The input's last units, at most so many bytes of them: a batch begun then goes to be
 # decided before this process reads another unit, so that deciding keeps up with reading
 # and little is left to decide once the last unit is read.
-ENDING_BYTES = 4 * UNIT_BYTES
+ENDING_BYTES = 8 * UNIT_BYTES
+ENDING_BATCH = 100  # ... and a batch is at most so many records
 
 
 
@@ -145,15 +147,12 @@ class UnitSource(PageRecords):
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
         self._chain: Chain | None = None  # of the archive whose parts are due
-        self._memo = Memo(self._remember, self._forget)
-        # Analyses this process no longer remembers, kept until every unit sent out before
-        # is back (a worker may have been told they are here): fp -> (units sent, row).
-        self._forgotten: OrderedDict[int, tuple[int, Row]] = OrderedDict()
-        self._sent = 0  # units submitted to workers
+        self._shared = UnitMemo(self._seen)  # the analyses remembered here
         self._current: UnitResult | None = None
         self._at = 0  # next item of _current
         self._stop: asyncio.Event | None = None  # the fetch's, while it runs
         self._reader: ThreadPoolExecutor | None = None  # the thread fetches run in
+        self._wake: Future[None] | None = None  # ends _feeding in that thread
         self.units_here = 0  # units read in this process / by the workers (tests, logs)
         self.units_there = 0
         self.restarts = 0
@@ -161,6 +160,9 @@ class UnitSource(PageRecords):
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="units")
+        if self._wake is not None:  # the thread is keeping the workers fed: it stops
+            self._wake.set_result(None)
+            self._wake = None
         try:
             items, analyses = await asyncio.get_running_loop().run_in_executor(
                 self._reader, self._take, max_records, stop)
@@ -173,7 +175,22 @@ class UnitSource(PageRecords):
             self._reader.shutdown(wait=False)
             self._reader = None
             return None
+        if self._ending():
+            self._wake = Future()
+            self._reader.submit(self._feeding, self._wake)
         return Batch(items, analyses=analyses)
+
+    def _feeding(self, wake: Future[None]) -> None:
+        """Between fetches over the input's last units (small ones, parts.py): give the
+        workers the next units as they finish theirs, until `wake` (the next fetch) or
+        POLL_S without one back. Otherwise nothing would while the batch is decided."""
+        while not wake.done() and not self._stopping():
+            out: list[Future[Any]] = [
+                s.task[1] for s in self._slots
+                if s.task is not None and s.result is None and not s.task[1].done()]
+            if not out or not wait([*out, wake], POLL_S, FIRST_COMPLETED).done:
+                return
+            self._feed()
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass
@@ -184,6 +201,8 @@ class UnitSource(PageRecords):
         items: list[Page | Rejected] = []
         analyses: list[Analysis | None] = []
         self._stop = stop  # a unit read or awaited is left at once when the replay stops
+        if self._ending():
+            max_records = min(max_records, ENDING_BATCH)
         while len(items) < max_records and not stop.is_set():
             if self._current is None or self._at >= len(self._current.items):
                 try:
@@ -245,8 +264,8 @@ class UnitSource(PageRecords):
                 except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
                     self._lost(executor)
                     return
-                self._sent += 1
-                slot.sent = self._sent
+                self._shared.sent += 1
+                slot.sent = self._shared.sent
                 running += 1
                 queued += slot.unit.size
 
@@ -316,9 +335,9 @@ class UnitSource(PageRecords):
         unit, got = slot.unit, slot.result
         assert got is not None
         if isinstance(got, UnitResult) and got.deferred:
-            finish_deferred(got, self.analyzer, self._memo)
+            finish_deferred(got, self.analyzer, self._shared.memo)
         if unit is None or got.end is None:
-            return self._remembered(unpack(got, None, self._recall)) \
+            return self._shared.remembered(unpack(got, None, self._shared.recall)) \
                 if isinstance(got, Packed) else got
         assert unit.fmt is not None
         if self._chain is None or self._chain.path != unit.path:
@@ -337,55 +356,16 @@ class UnitSource(PageRecords):
             return None
         sources = [f"{unit.name}#{settled.base + n}" for n in got.end.ordinals]
         if isinstance(got, Packed):
-            return self._remembered(unpack(got, sources, self._recall))
+            return self._shared.remembered(unpack(got, sources, self._shared.recall))
         return _with_sources(got, sources)
 
-    def _remembered(self, result: UnitResult) -> UnitResult:
-        """A worker's result, its analyses also remembered here: a copy this thread reads
-        later is not analysed again (on a WARC of 11 copies of the corpus's pages, this
-        process analysed all 450 distinct bodies the worker had analysed)."""
-        rows = self._memo.rows
-        for item, a in zip(result.items, result.analyses, strict=True):
-            if a is not None and a.raw_fp not in rows and isinstance(item, Page) \
-                    and item.revisit is None:
-                self._memo.put(a.raw_fp, as_row(a))
-        return result
-
-    # --- what the processes share (shared_fps.py) ------------------------------------------
     def _seen(self) -> SharedFingerprints | None:
         return self.pool.seen if self.pool is not None else None
 
-    def _remember(self, fp: int) -> None:
-        seen = self._seen()
-        if seen is not None:
-            seen.remember(fp, self._memo.rows)
-
-    def _forget(self, fp: int, row: Row) -> None:
-        seen = self._seen()
-        if seen is not None:
-            seen.forget(fp)
-            self._forgotten.pop(fp, None)  # (kept in the order they were forgotten)
-            self._forgotten[fp] = (self._sent, row)
-
-    def _recall(self, fp: int) -> Row:
-        """The analysis a worker was told this process remembers."""
-        row = self._memo.get(fp)
-        if row is None:
-            kept = self._forgotten.get(fp)
-            if kept is None:
-                raise RuntimeError(f"a worker left body {fp:#x} to this process, which does "
-                                   "not have its analysis")
-            row = kept[1]
-        return row
-
     def _bury(self) -> None:
         """Drop the forgotten analyses no unit still out may ask for."""
-        out = min((s.sent for s in self._slots if s.task is not None), default=self._sent + 1)
-        while self._forgotten:
-            fp, (sent, _) = next(iter(self._forgotten.items()))
-            if sent >= out:
-                break
-            del self._forgotten[fp]
+        self._shared.bury(min((s.sent for s in self._slots if s.task is not None),
+                              default=None))
 
     def _here(self, slot: _Slot) -> UnitResult:
         assert slot.unit is not None
@@ -393,7 +373,7 @@ class UnitSource(PageRecords):
         slot.here = True
         seen = self._seen()
         try:
-            return read_unit(slot.unit, self.analyzer, self._memo, tick=self._tick,
+            return read_unit(slot.unit, self.analyzer, self._shared.memo, tick=self._tick,
                              elsewhere=seen.in_worker if seen is not None else None)
         finally:
             slot.here = False

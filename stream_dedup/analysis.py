@@ -224,41 +224,42 @@ class AnalysisPool:
     def start(self, *, fork: bool = False) -> None:
         """Start the worker processes (returns at once; idempotent): with `fork`, forked
         from this process if it runs no other thread yet (milliseconds: replay, before its
-        event loop), else in the background from the forkserver (workers.py)."""
+        event loop; they have what this process has loaded and take tasks at once), else
+        in the background from the forkserver (workers.py)."""
         with self._lock:
-            if self._closed or self._starting is not None:
+            if self._closed or self._starting is not None or self._executor is not None:
                 return
-            forked = None
             if fork and not can_fork():
                 log.info("other threads run (%s): the analysis worker processes start from "
                          "the forkserver", ", ".join(t.name for t in threading.enumerate()))
             elif fork:
                 try:
                     seen = SharedFingerprints(self.processes)
-                    forked = worker_pool(self.processes, _worker_init,
-                                         (self.settings, tables(), seen), fork=True)
+                    self._executor = worker_pool(self.processes, _worker_init,
+                                                 (self.settings, tables(), seen), fork=True)
                     self.seen = seen
+                    self.starts += 1
+                    self._ready.set()
+                    return
                 except Exception:
                     log.exception("forking the analysis worker processes failed; starting "
                                   "them from the forkserver")
-            self._starting = threading.Thread(target=self._start, args=(forked,),
-                                              name="analysis-pool-start", daemon=True)
+            self._starting = threading.Thread(target=self._start, name="analysis-pool-start",
+                                              daemon=True)
             self._starting.start()
 
-    def _start(self, executor: WorkerPool | None) -> None:
-        """Start the processes from the forkserver, and wait until they take tasks; or
-        take `executor`, forked, as it is."""
+    def _start(self) -> None:
+        """Start the processes from the forkserver; wait until they take tasks."""
         started = perf_counter()
+        executor = None
         try:
-            if executor is None:
-                start_forkserver()  # it imports the package while this thread builds tables
-                # The parent's tables go along (it needs them too): a worker that built its
-                # own would spend ~0.4 s on them before its first page.
-                executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
-                # In the background: the first start of a forkserver imports the package
-                # there. (Forked ones have what this process has: a task is taken at once.)
-                for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
-                    executor.result(ready)
+            start_forkserver()  # it imports the package while this thread builds tables
+            # The parent's tables go along (it needs them too): a worker that built its
+            # own would spend ~0.4 s on them before its first page.
+            executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
+            # In the background: the first start of a forkserver imports the package there.
+            for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
+                executor.result(ready)
         except Exception:
             log.exception("the analysis worker processes did not start (one killed while "
                           "starting?); analysing in the deciding thread, trying again with "

@@ -158,9 +158,9 @@ def replay(
     if fork:
         assert pool is not None
         # Forked from this process before it starts any thread (the progress bar's, the
-        # runner's), they are ready in milliseconds (from the forkserver: 0.37-0.50 s);
-        # forked after what can be made before (the runner), they take the first units
-        # while this process starts its event loop.
+        # runner's), they have all it has loaded (from the forkserver: 0.37-0.50 s to the
+        # first task); forked after what can be made before (the runner), they take the
+        # first units while this process starts its event loop.
         pool.start(fork=True)
     bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
     try:

@@ -109,7 +109,8 @@ class _Stopped(Exception):
 
 
 class _NotBack(Exception):
-    """The unit due is a worker's and not back, and nothing is left to read here."""
+    """A batch begun goes out as it is: the unit due is a worker's and not back, and no
+    other is read here meanwhile (none is left, or the input is ending)."""
 
 
 @dataclass(slots=True)

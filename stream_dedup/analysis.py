@@ -216,7 +216,7 @@ class AnalysisPool:
         self._ready = threading.Event()
         self._closed = False
         self.starts = 0  # process pools started (1 + replacements of broken ones)
-        self._finished: list[WorkerPool] = []  # told to exit (finish), not yet waited for
+        self._finished: WorkerPool | None = None  # told to exit (finish), not waited for
         # The bodies forked workers read (sources/units.py); None from the forkserver.
         self.seen: SharedFingerprints | None = None
 
@@ -298,7 +298,7 @@ class AnalysisPool:
             executor, self._executor = self._executor, None
             self._ready.clear()
             if executor is not None:
-                self._finished.append(executor)
+                self._finished = executor
         if executor is not None:
             executor.shutdown(wait=False)
 
@@ -311,7 +311,7 @@ class AnalysisPool:
             starting.join()
             with self._lock:
                 executor, self._executor = executor or self._executor, None
-        for done in [*self._finished, executor]:
+        for done in (self._finished, executor):
             if done is not None:
                 done.shutdown(wait=True, cancel_futures=True)
 

@@ -140,14 +140,12 @@ def replay(
 
     pool = AnalysisPool(dedup.settings, workers) if workers > 1 else None
     source: FileSource | UnitSource = FileSource([Path(p) for p in paths])
-    fork = False
     if pool is not None:
         size = _input_bytes(paths)
         if size >= EARLY_START_BYTES:
             # The processes read and analyse units of the input themselves (units.py);
             # until they are up, this process reads every unit.
             source = UnitSource([Path(p) for p in paths], dedup.analyzer, pool)
-            fork = True
         else:
             log.info("replay of %.1f MB: the %d analysis worker process(es) start only for a "
                      "batch of enough pages (small inputs are analysed in this process)",
@@ -155,8 +153,7 @@ def replay(
     shown: Counter[str] = Counter()
     runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered), pool,
                     metrics)
-    if fork:
-        assert pool is not None
+    if pool is not None and isinstance(source, UnitSource):
         # Forked from this process before it starts any thread (the progress bar's, the
         # runner's), they have all it has loaded (from the forkserver: 0.37-0.50 s to the
         # first task); forked after what can be made before (the runner), they take the

@@ -15,7 +15,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -381,40 +381,60 @@ def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
     assert two.decisions == one.decisions
 
 
-def test_units_back_but_not_collected_do_not_hold_the_workers_back(
-        crawl: list[Path]) -> None:
-    """A unit a worker has finished waits for this process to collect it, which may be
-    reading a unit itself meanwhile: it no longer counts among the QUEUED_PER_PROCESS the
-    workers hold, so they get the next units instead of waiting idle."""
+class _Executor:
+    """A worker pool as UnitSource uses it, without processes: each unit sent is recorded
+    with its future, which the test completes (`first(unit)` answers the first at once)."""
 
-    class Executor:
-        def __init__(self) -> None:
-            self.sent: list[units.Unit] = []
+    def __init__(self, first: Callable[[units.Unit], object] | None = None) -> None:
+        self.sent: list[Future[object]] = []
+        self.first = first
 
-        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
-            self.sent.append(unit)
-            return Future()
+    def submit(self, fn: object, unit: units.Unit) -> Future[object]:
+        f: Future[object] = Future()
+        if not self.sent and self.first is not None:
+            f.set_result(self.first(unit))
+        self.sent.append(f)
+        return f
 
-    executor = Executor()
+    def result(self, f: Future[object], stopped: object) -> object:
+        return f.result(timeout=10)
+
+
+def _fake_pool_source(crawl: list[Path], executor: _Executor, unit_bytes: int, *,
+                      analyzer: Analyzer | None = None, planned: bool = False
+                      ) -> units.UnitSource:
+    """A UnitSource whose one worker is `executor`; with `planned`, all of the input planned
+    (few enough units that it is all its last ones, under ENDING_BYTES)."""
 
     class Pool:
         processes = 1
         seen = None
 
-        def executor(self) -> Executor:
+        def executor(self) -> _Executor:
             return executor
 
-    source = units.UnitSource(crawl, Analyzer(Settings()), Pool(),  # type: ignore[arg-type]
-                              unit_bytes=3000)
+    source = units.UnitSource(crawl, analyzer or Analyzer(Settings()),
+                              Pool(), unit_bytes=unit_bytes)  # type: ignore[arg-type]
+    for _ in range(units.AHEAD_UNITS if planned else 0):
+        source._plan_ahead()
+    return source
+
+
+def test_units_back_but_not_collected_do_not_hold_the_workers_back(
+        crawl: list[Path]) -> None:
+    """A unit a worker has finished waits for this process to collect it, which may be
+    reading a unit itself meanwhile: it no longer counts among the QUEUED_PER_PROCESS the
+    workers hold, so they get the next units instead of waiting idle."""
+    executor = _Executor()
+    source = _fake_pool_source(crawl, executor, 3000)
     source._plan_ahead()
     source._feed()
     first = len(executor.sent)
     assert first == units.QUEUED_PER_PROCESS
     source._feed()
     assert len(executor.sent) == first  # all still in the worker's hands
-    for slot in source._slots:  # each back, none collected
-        if slot.task is not None:
-            slot.task[1].set_result(None)
+    for f in executor.sent:  # each back, none collected
+        f.set_result(None)
     source._plan_ahead()
     source._feed()
     assert len(executor.sent) == 2 * first
@@ -426,33 +446,9 @@ def test_a_batch_near_the_end_goes_out_rather_than_wait_for_more_reading(
     when the next unit is a worker's and not back, instead of this process reading another
     unit first: deciding keeps up, and little is left to decide after the last unit."""
     analyzer = Analyzer(Settings())
-
-    class Executor:
-        def __init__(self) -> None:
-            self.sent = 0
-
-        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
-            self.sent += 1
-            f: Future[object] = Future()
-            if self.sent == 1:  # the first unit comes back at once, the others never
-                f.set_result(unit_read.read_unit(unit, analyzer, memo_module.Memo()))
-            return f
-
-        def result(self, f: Future[object], stopped: object) -> object:
-            return f.result(timeout=10)
-
-    class Pool:
-        processes = 1
-        seen = None
-        executor_ = Executor()
-
-        def executor(self) -> Executor:
-            return self.executor_
-
-    source = units.UnitSource(crawl, analyzer, Pool(),  # type: ignore[arg-type]
-                              unit_bytes=20_000)
-    for _ in range(units.AHEAD_UNITS):  # all of it planned: its last units (< ENDING_BYTES)
-        source._plan_ahead()
+    # the first unit comes back at once, the others never
+    executor = _Executor(lambda unit: unit_read.read_unit(unit, analyzer, memo_module.Memo()))
+    source = _fake_pool_source(crawl, executor, 20_000, analyzer=analyzer, planned=True)
     assert source._ending() and len(source._slots) > units.QUEUED_PER_PROCESS + 1
     items, _ = source._take(1 << 30, asyncio.Event())
     assert items and source.units_here == 0 and source.units_there == 1
@@ -464,25 +460,9 @@ def test_between_fetches_at_the_end_the_workers_are_fed_as_they_finish(
     """Over the last units, while a batch is decided no fetch runs, and the workers would
     wait once the few small units they hold are done: the fetching thread gives them the
     next unit as each comes back, until the next fetch wakes it."""
-    sent: list[Future[object]] = []
-
-    class Executor:
-        def submit(self, fn: object, unit: units.Unit) -> Future[object]:
-            sent.append(Future())
-            return sent[-1]
-
-    class Pool:
-        processes = 1
-        seen = None
-        executor_ = Executor()
-
-        def executor(self) -> Executor:
-            return self.executor_
-
-    source = units.UnitSource(crawl, Analyzer(Settings()), Pool(),  # type: ignore[arg-type]
-                              unit_bytes=20_000)
-    for _ in range(units.AHEAD_UNITS):
-        source._plan_ahead()
+    executor = _Executor()
+    sent = executor.sent
+    source = _fake_pool_source(crawl, executor, 20_000, planned=True)
     source._feed()
     assert source._ending() and len(sent) == units.QUEUED_PER_PROCESS
     wake: Future[None] = Future()

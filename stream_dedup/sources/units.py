@@ -186,9 +186,7 @@ class UnitSource(PageRecords):
         workers the next units as they finish theirs, until `wake` (the next fetch) or
         POLL_S without one back. Otherwise nothing would while the batch is decided."""
         while not wake.done() and not self._stopping():
-            out: list[Future[Any]] = [
-                s.task[1] for s in self._slots
-                if s.task is not None and s.result is None and not s.task[1].done()]
+            out: list[Future[Any]] = [s.task[1] for s in self._held() if s.task is not None]
             if not out or not wait([*out, wake], POLL_S, FIRST_COMPLETED).done:
                 return
             self._feed()
@@ -247,10 +245,7 @@ class UnitSource(PageRecords):
         if executor is None:
             return
         assert self.pool is not None
-        # (A unit back but not collected yet does not count: the thread that collects it
-        # may be reading a unit here meanwhile, and the workers would wait for it.)
-        busy = [s for s in self._slots
-                if s.task is not None and s.result is None and not s.task[1].done()]
+        busy = self._held()
         running = len(busy)
         queued = sum(s.unit.size for s in busy if s.unit is not None)
         depth = QUEUED_PER_PROCESS * self.pool.processes
@@ -269,6 +264,13 @@ class UnitSource(PageRecords):
                 slot.sent = self._shared.sent
                 running += 1
                 queued += slot.unit.size
+
+    def _held(self) -> list[_Slot]:
+        """The units the workers hold: sent and not back. (One back but not collected yet
+        is not held: the thread that collects it may be reading a unit here meanwhile, and
+        the workers would wait for it.)"""
+        return [s for s in self._slots
+                if s.task is not None and s.result is None and not s.task[1].done()]
 
     def _ending(self) -> bool:
         """Whether the units left (planned, not collected) are the input's last few, and
@@ -325,10 +327,9 @@ class UnitSource(PageRecords):
         (AnalysisPool.finish): their exit then overlaps this process deciding the last
         batches instead of following them (~7 ms). A unit planned after all (an archive
         part read again, parts.py) is read here."""
-        if self.pool is None or self.pool.executor() is None or not self._planned_all or any(
-                s.free or (s.task is not None and s.result is None) for s in self._slots):
-            return
-        self.pool.finish()
+        if self.pool is not None and self.pool.executor() is not None and self._planned_all \
+                and not self._held() and not any(s.free for s in self._slots):
+            self.pool.finish()
 
     def _settled(self, slot: _Slot) -> UnitResult | None:
         """The due unit's result, its sources set; None for an archive part dropped

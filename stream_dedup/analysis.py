@@ -219,6 +219,7 @@ class AnalysisPool:
         self._finished: WorkerPool | None = None  # told to exit (finish), not waited for
         # The bodies forked workers read (sources/units.py); None from the forkserver.
         self.seen: SharedFingerprints | None = None
+        self.cpus: list[int] = []  # a CPU for each worker process, if so placed (cpus.py)
 
     # --- lifecycle ----------------------------------------------------------------------
     def start(self, *, fork: bool = False) -> None:
@@ -237,6 +238,7 @@ class AnalysisPool:
                     seen = SharedFingerprints(self.processes)
                     self._executor = worker_pool(self.processes, _worker_init,
                                                  (self.settings, tables(), seen), fork=True)
+                    self._executor.pin(self.cpus)
                     self.seen = seen
                     self.starts += 1
                     self._ready.set()
@@ -257,6 +259,7 @@ class AnalysisPool:
             # The parent's tables go along (it needs them too): a worker that built its
             # own would spend ~0.4 s on them before its first page.
             executor = worker_pool(self.processes, _worker_init, (self.settings, tables()))
+            executor.pin(self.cpus)
             # In the background: the first start of a forkserver imports the package there.
             for ready in [executor.submit(_worker_ready) for _ in range(self.processes)]:
                 executor.result(ready)

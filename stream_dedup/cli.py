@@ -176,7 +176,7 @@ def _replay(args: argparse.Namespace) -> int:
             with _replay_http(settings, args.http_port, dedup, metrics):
                 summary = replay(args.inputs, JsonlSink(args.output), settings, dedup=dedup,
                                  metrics=metrics, workers=settings.workers, dead_letter=dead,
-                                 progress=progress)
+                                 progress=progress, pin=args.pin)
         finally:
             if dead is not None:
                 dead.close()
@@ -296,6 +296,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "summary, and the exit status is 0. Without it a missing input stops "
                     "replay before it starts (exit 2), and any other unreadable one makes "
                     "it exit 1 at the end")
+    rp.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="when --workers N is as many as the CPUs this process may use "
+                    "(all, or what taskset or a cgroup gives it), run each process on a "
+                    "CPU of its own: left to the kernel, this process's threads, which take "
+                    "turns at one GIL, wake on the CPU a worker runs on. --no-pin: the "
+                    "kernel places them (default: on)")
     rp.add_argument("-q", "--quiet", action="store_true", help="no summary on stderr")
     setting_flags(rp, serve=False)
     rp.set_defaults(func=_replay)

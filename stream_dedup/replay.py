@@ -19,6 +19,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from .config import Settings
+from .cpus import allowed, pinned, placement
 from .metrics import Metrics
 from .models import Decision
 from .pipeline import AnalysisPool, Deduplicator
@@ -121,11 +122,13 @@ def replay(
     dead_letter: IO[str] | None = None,
     progress: bool = False,
     metrics: Metrics | None = None,
+    pin: bool = True,
 ) -> ReplaySummary:
     """Decide every page of `paths` (in order) and write the decisions to `sink`, in
     batches of `settings.batch_size` through the runner `serve` uses. With `metrics`, also
     report latency and progress there (a `dedup` given along should have been made with
-    `observer=metrics`)."""
+    `observer=metrics`). `pin`: with workers as many as the CPUs this process may use,
+    each process on one of its own (cpus.py)."""
     settings = settings or Settings()
     owned = dedup is None
     dedup = dedup or Deduplicator(settings, observer=metrics)
@@ -134,6 +137,8 @@ def replay(
 
     def delivered(decisions: Sequence[Decision]) -> None:
         shown.update(d.decision for d in decisions)
+        if bar is None:
+            return
         bar.update(len(decisions))
         bar.set_postfix(kept=shown["keep"], dropped=shown["drop"], rejected=shown["reject"],
                         refresh=False)
@@ -153,19 +158,29 @@ def replay(
     shown: Counter[str] = Counter()
     runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered), pool,
                     metrics)
+    cpus = None
     if pool is not None and isinstance(source, UnitSource):
+        cpus = placement(workers, allowed()) if pin else None
+        if cpus is not None:
+            pool.cpus = cpus[1:]
+            log.info("one CPU each (--no-pin: the kernel places them): this process %d, "
+                     "the workers %s", cpus[0], ", ".join(map(str, cpus[1:])))
         # Forked from this process before it starts any thread (the progress bar's, the
         # runner's), they have all it has loaded (from the forkserver: 0.37-0.50 s to the
         # first task); forked after what can be made before (the runner), they take the
         # first units while this process starts its event loop.
         pool.start(fork=True)
-    bar = tqdm(unit=" pages", disable=not progress, dynamic_ncols=True, mininterval=0.5)
+    # None without progress: even a disabled bar starts tqdm's monitor thread, which lives
+    # on ~10 s, and a process with another thread does not fork its workers (workers.py).
+    bar = tqdm(unit=" pages", dynamic_ncols=True, mininterval=0.5) if progress else None
     try:
-        asyncio.run(runner.run(asyncio.Event()))
+        with pinned(cpus[0] if cpus else None):
+            asyncio.run(runner.run(asyncio.Event()))
         summary.index = dedup.index.stats()
         summary.memory = process_memory()
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         sink.close()
         if pool is not None:
             pool.shutdown()

@@ -43,13 +43,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
+
+from .cpus import pin
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 POLL_S = 0.2  # how often a wait for a result looks at the workers
@@ -94,6 +96,11 @@ class WorkerPool(ProcessPoolExecutor):
         # while none is idle (and counts every finished task as an idle worker), so it could
         # run a while on fewer processes than it was given (a test saw one of two).
         self._launch_processes()
+
+    def pin(self, cpus: Sequence[int]) -> None:
+        """Each worker on a CPU of `cpus`, in turn (none: as they are; cpus.py)."""
+        for pid, cpu in zip(list(self._processes), cpus, strict=False):  # cpus may be []
+            pin(pid, cpu)
 
     def lost_a_worker(self) -> bool:
         return any(p.exitcode is not None for p in list(self._processes.values()))

@@ -505,6 +505,44 @@ def test_the_workers_are_let_go_once_the_last_unit_is_back(
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no sched_setaffinity")
+@pytest.mark.parametrize("pin", [True, False])
+def test_processes_filling_the_cpus_run_on_one_each_and_no_longer_than_the_replay(
+        big_warc: Path, monkeypatch: pytest.MonkeyPatch, pin: bool) -> None:
+    """With as many processes as CPUs this process may use, this process's threads run on
+    the first, the worker on the second (cpus.py); --no-pin leaves them to the kernel; the
+    caller's thread has its CPUs back afterwards."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU")
+    two = set(cpus[:2])
+    seen: dict[str, list[set[int]]] = {}
+
+    class Watching(AnalysisPool):
+        def finish(self) -> None:  # in the fetching thread, which this process started
+            seen["here"] = [os.sched_getaffinity(0)]
+            seen["workers"] = [os.sched_getaffinity(p.pid)
+                               for p in multiprocessing.active_children()]
+            super().finish()
+
+    monkeypatch.setattr(replay_module, "AnalysisPool", Watching)
+    monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)
+    deadline = time.monotonic() + 10  # forked (workers.can_fork): no thread of a test before
+    while not workers.can_fork() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, two)
+    try:
+        replay([big_warc], MemorySink(), Settings(batch_size=50), workers=2, pin=pin)
+        after = os.sched_getaffinity(0)
+    finally:
+        os.sched_setaffinity(0, before)
+    first, second = sorted(two)
+    assert seen == ({"here": [{first}], "workers": [{second}]} if pin else
+                    {"here": [two], "workers": [two]})
+    assert after == two
+
+
 def test_units_planned_ahead_are_bounded_by_their_bytes(
         crawl: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """Their results wait here until decided: units are planned ahead until AHEAD_BYTES of

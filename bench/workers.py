@@ -65,6 +65,7 @@ from stream_dedup.sinks import JsonlSink
 from stream_dedup.sources.files import iter_inputs
 
 SMALL_DEFAULT = "copycat/commoncrawl-small-sample-1213893279526_0.arc"
+ONE_CPU = "1, one CPU"  # --one-cpu: --workers 1 under taskset
 
 
 def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
@@ -76,11 +77,14 @@ def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
 
 
 def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO,
-               extra: Sequence[str] = ()) -> tuple[float, float, int, float]:
+               extra: Sequence[str] = (), cpu: int | None = None
+               ) -> tuple[float, float, int, float]:
     """(replay seconds from the summary, whole process seconds, pages, CPU seconds of the
-    process and its workers) of the package in `code` (a checkout); `extra`: more options."""
+    process and its workers) of the package in `code` (a checkout); `extra`: more options;
+    `cpu`: the process runs on that CPU only (taskset)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as summary:
-        cmd = [sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
+        cmd = [*(["taskset", "-c", str(cpu)] if cpu is not None else []),
+               sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
                str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
                "--summary-json", summary.name, *extra]
         # From cached bytecode, as an installed package runs (main() makes the cache once):
@@ -195,6 +199,10 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=Settings().batch_size)
     ap.add_argument("--before", type=Path, metavar="CHECKOUT",
                     help="also time this checkout (its extension built in place), same rounds")
+    ap.add_argument("--one-cpu", action="store_true",
+                    help="also time --workers 1 on one CPU (taskset -c, the first this process "
+                    "may use): its threads kept together, as --workers N keeps each process "
+                    "on a CPU of its own when they fill the CPUs")
     args = ap.parse_args()
     print(header("## --workers W against --workers 1 (bench/workers.py)"))
     tmp = Path(tempfile.mkdtemp(prefix="workers-bench-"))
@@ -223,16 +231,20 @@ def main() -> None:
     started = time.perf_counter()
 
     codes = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
-    counts = list(range(1, max(args.max_workers, 2) + 1))
+    counts: list[int | str] = list(range(1, max(args.max_workers, 2) + 1))
+    if args.one_cpu:
+        counts.append(ONE_CPU)
+    first_cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
     for path in codes.values():  # untimed: writes each checkout's bytecode cache
         run_replay([benchlib.WARCS / args.small], 2, args.batch_size, path)
-    got: dict[tuple[str, str, int], list[tuple[float, float, int, float]]] = {}
+    got: dict[tuple[str, str, int | str], list[tuple[float, float, int, float]]] = {}
     for r in range(args.rounds):
         for name, files in inputs.items():
             for code, path in codes.items():
                 for w in (counts if r % 2 == 0 else counts[::-1]):
                     got.setdefault((name, code, w), []).append(
-                        run_replay(files, w, args.batch_size, path))
+                        run_replay(files, 1 if w == ONE_CPU else int(w), args.batch_size,
+                                   path, cpu=first_cpu if w == ONE_CPU else None))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     busy, mine, steal = (b - a for a, b in zip((busy0, mine0, steal0), cpu_seconds(),
                                                   strict=True))
@@ -271,6 +283,12 @@ def main() -> None:
     print(table(["input", "code", "timed", "pages", "W", "s", "pages/s", "W/1 (medians)",
                  "W/1 (rounds)", "range s", "CPU s", "CPU W/1", "decide ceiling pages/s"],
                 rows))
+    for name in inputs if args.one_cpu else ():
+        for code in codes:
+            s1, s2 = ([x[0] for x in got[(name, code, w)]] for w in (ONE_CPU, 2))
+            print(f"{name} ({code}): replay --workers 2 / --workers 1 on one CPU: "
+                  f"{statistics.median(s1) / statistics.median(s2):.2f}x "
+                  f"(rounds {median_ratio(s1, s2):.2f})")
     print("\n(CPU: user + system of the whole process and its workers, medians. Where the "
           "processes are busy to the end, W/1 is at most the host's figure divided by "
           "CPU W/1: the work more processes add)")

@@ -157,7 +157,7 @@ def replay(
                      size / 1e6, pool.processes)
     shown: Counter[str] = Counter()
     runner = Runner(settings, dedup, source, FileSink(sink, dead_letter, delivered), pool,
-                    metrics)
+                    metrics, inline=True)  # its loop serves nothing else (runner.py)
     cpus = None
     if pool is not None and isinstance(source, UnitSource):
         cpus = placement(workers, allowed()) if pin else None

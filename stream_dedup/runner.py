@@ -116,6 +116,7 @@ class Runner:
         metrics: Metrics | None = None,
         faults: Faults | None = None,
         stats: RunStats | None = None,
+        inline: bool = False,
     ) -> None:
         self.settings = settings
         self.dedup = dedup
@@ -129,6 +130,12 @@ class Runner:
         self.index_problem = ""
         self._next_warning = 0.0
         self._next_expiry = 0.0
+        # Index steps (decide, commit, expiry) run in a thread of their own, so that the
+        # event loop goes on serving the Kafka client meanwhile; with `inline` (replay: its
+        # loop has nothing else to serve) in the loop's thread. Each hand-off between the
+        # two threads costs: inline, `replay --workers 1` took 7-9 % less time on the 2-vCPU
+        # VM of bench/RESULTS.md, `--workers 2` 7 % less.
+        self.inline = inline
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -136,7 +143,6 @@ class Runner:
         finished (or abandoned uncommitted, see STOP_GRACE_S). A source that `reads_ahead`
         (files), with an analysis pool, is read one batch ahead: its next batch is read
         while this one is decided, so the worker processes are not idle meanwhile."""
-        loop = asyncio.get_running_loop()
         ahead = self.pool is not None and self.source.reads_ahead
         next_fetch: asyncio.Task[Batch | None] | None = None
         try:
@@ -156,8 +162,7 @@ class Runner:
                         if batch.records:
                             await self.process(batch, stop)
                 else:  # idle: the index gauges may lag behind the last batch
-                    await loop.run_in_executor(self._thread, self.metrics.refresh_index,
-                                               self.dedup)
+                    await self._step(lambda: self.metrics.refresh_index(self.dedup))
         finally:
             if next_fetch is not None:  # read, never decided: it was not committed either
                 next_fetch.cancel()
@@ -207,13 +212,13 @@ class Runner:
             self.stats.decisions[key] = self.stats.decisions.get(key, 0) + 1
 
     async def _index(self, operation: str, step: Callable[[], T], stop: asyncio.Event) -> T:
-        """Run an index step in the decide thread; while the index is unavailable, the same
-        step again after a backoff, until it answers or a stop abandons the batch."""
-        loop = asyncio.get_running_loop()
+        """Run an index step in the decide thread (`inline`: in this one); while the index is
+        unavailable, the same step again after a backoff, until it answers or a stop
+        abandons the batch."""
         delay = INDEX_BACKOFF_S[0]
         while True:
             try:
-                result = await loop.run_in_executor(self._thread, step)
+                result = await self._step(step)
             except IndexUnavailable as exc:
                 self.metrics.index_error(operation)
                 self.index_ok, self.index_problem = False, f"{operation}: {exc}"
@@ -232,6 +237,12 @@ class Runner:
                 log.info("the index answers again")
                 self.index_ok, self.index_problem, self._next_warning = True, "", 0.0
             return result
+
+    async def _step(self, step: Callable[[], T]) -> T:
+        if not self.inline:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, step)
+        await asyncio.sleep(0)  # a fetch reading ahead (run()) begins first
+        return step()
 
     async def _expire(self, stop: asyncio.Event) -> None:
         """The retention window, applied while running: a bounded sweep once a minute."""

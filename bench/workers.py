@@ -20,6 +20,9 @@ as an installed package has it: one untimed run of each checkout first). Pages/s
 median of --rounds; the W/1 ratio is the ratio of the medians (the per-round ratios' median
 is printed too). CPU W/1: the CPU seconds (user + system, workers included) of W processes
 against one: the work that splitting adds, steadier than wall time on a shared host.
+--one-cpu also times `--workers 1` under `taskset -c` (the first CPU this process may use):
+a lone replay is not placed (stream_dedup/cpus.py), so this is how much a CPU of its own
+would give it, and `--workers 2` against that is the ratio with no placement on one side.
 
 Bounds, measured in this process:
 - decide ceiling: pages/s of `Deduplicator.check_batch` (batches of 500) when every analysis

@@ -132,9 +132,11 @@ class Runner:
         self._next_expiry = 0.0
         # Index steps (decide, commit, expiry) run in a thread of their own, so that the
         # event loop goes on serving the Kafka client meanwhile; with `inline` (replay: its
-        # loop has nothing else to serve) in the loop's thread. Each hand-off between the
-        # two threads costs: inline, `replay --workers 1` took 7-9 % less time on the 2-vCPU
-        # VM of bench/RESULTS.md, `--workers 2` 7 % less.
+        # loop has nothing else to serve) in the loop's thread. A hand-off between the two
+        # threads costs most where the kernel wakes the other on another CPU: inline,
+        # `replay --workers 1` took 8 % less time on the 2-vCPU VM of bench/RESULTS.md (as
+        # much as under taskset); `--workers 2`, whose threads share one CPU (cpus.py), as
+        # much as before.
         self.inline = inline
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
 

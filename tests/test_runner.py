@@ -250,6 +250,31 @@ def test_every_batch_times_each_of_its_steps() -> None:
                                                  {"step": step}) == 3
 
 
+@pytest.mark.parametrize("inline", [False, True])
+def test_index_steps_run_in_their_thread_or_inline_with_the_same_decisions(
+        inline: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve keeps its event loop free (a thread for the index steps); replay, whose loop
+    serves nothing else, runs them in the loop's thread (Runner inline)."""
+    settings = Settings(batch_size=12)
+    expected = ListSink()
+    asyncio.run(run_list(settings, ListSource(page_streams(15)), expected,
+                         Deduplicator(settings)))
+    dedup = Deduplicator(settings)
+    threads: set[int] = set()
+    check = dedup.check_batch
+
+    def checking(*args: object, **kwargs: object) -> object:
+        threads.add(threading.get_ident())
+        return check(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(dedup, "check_batch", checking)
+    sink = ListSink()
+    runner = Runner(settings, dedup, ListSource(page_streams(15)), sink, inline=inline)
+    asyncio.run(runner.run(asyncio.Event()))
+    assert (threads == {threading.get_ident()}) == inline and len(threads) == 1
+    assert [outcome(d) for d in sink.decisions] == [outcome(d) for d in expected.decisions]
+
+
 REPEATED = {  # decisions of the crashed batch (the second, of 12 records) out before the crash
     "before-deliver": 0, "mid-deliver": 5, "before-index-commit": 12,
     "before-source-commit": 12,  # ... and again after it, unless the index holds positions

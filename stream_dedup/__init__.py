@@ -6,9 +6,19 @@
     decision.decision, decision.reason      # ("drop", "near"), ("keep", "unique") ...
 """
 
-from .config import Settings
-from .models import Decision, DuplicateOf, Page, Rejected
-from .pipeline import Deduplicator
+import os as _os
+import sys as _sys
+
+# The command line (`stream-dedup`, `python -m stream_dedup`, whose package is imported while
+# sys.argv[0] is "-m") uses no BLAS: numpy's OpenBLAS would start a thread a CPU at import,
+# spinning 0.1-0.2 s of CPU for nothing. A library user's process keeps its own setting.
+if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == \
+        "stream-dedup":
+    _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from .config import Settings  # noqa: E402
+from .models import Decision, DuplicateOf, Page, Rejected  # noqa: E402
+from .pipeline import Deduplicator  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Decision", "Deduplicator", "DuplicateOf", "Page", "Rejected", "Settings", "__version__"]

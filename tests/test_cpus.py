@@ -1,9 +1,12 @@
 """Where a replay's processes run (cpus.py): one CPU each only when they fill the CPUs the
-process may use; the calling thread's CPUs as they were afterwards."""
+process may use; the calling thread's CPUs as they were afterwards. And the command line
+starts no BLAS threads (stream_dedup/__init__.py)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -41,3 +44,21 @@ def test_a_pinned_thread_and_the_threads_it_starts_run_on_one_cpu_until_it_ends(
     assert allowed() == before
     with pinned(None):
         assert allowed() == before
+
+
+@pytest.mark.parametrize(("argv0", "preset", "seen"), [
+    ("-m", None, "1"),  # python -m stream_dedup, while the package is imported
+    ("/usr/local/bin/stream-dedup", None, "1"),  # the console script
+    ("-m", "4", "4"),  # the user's setting stands
+    ("my_crawler.py", None, None),  # a library user's process: untouched
+])
+def test_the_command_line_starts_no_blas_threads(
+        argv0: str, preset: str | None, seen: str | None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    code = (f"import sys; sys.argv = [{argv0!r}]; import os, stream_dedup; "
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == str(seen)

@@ -60,6 +60,7 @@ from benchlib import REPO, header, parallel_ceiling, table
 
 from stream_dedup.analysis import AnalysisPool, Analyzer
 from stream_dedup.config import Settings
+from stream_dedup.cpus import allowed
 from stream_dedup.decide import Analysis
 from stream_dedup.models import Page
 from stream_dedup.pipeline import Deduplicator, raw_fingerprint
@@ -187,7 +188,7 @@ def cpu_seconds() -> tuple[float, float, float]:
 
 
 def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return len(allowed()) or os.cpu_count() or 1
 
 
 def main() -> None:
@@ -237,7 +238,7 @@ def main() -> None:
     counts: list[int | str] = list(range(1, max(args.max_workers, 2) + 1))
     if args.one_cpu:
         counts.append(ONE_CPU)
-    first_cpu = min(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+    first_cpu = min(allowed(), default=0)
     for path in codes.values():  # untimed: writes each checkout's bytecode cache
         run_replay([benchlib.WARCS / args.small], 2, args.batch_size, path)
     got: dict[tuple[str, str, int | str], list[tuple[float, float, int, float]]] = {}

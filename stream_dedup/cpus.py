@@ -7,7 +7,8 @@ on the CPU a worker runs on: the worker waits, or both move (`perf stat`: 52 CPU
 migrations in a replay of the issue's WARC, 3-6 placed), and what the thread handed
 over was in the other CPU's cache. When the N processes are as many as the CPUs
 this process may use, each gets one of its own: this process's threads the first, each
-worker another (on 2 cores, `--workers 2` did the issue's 62 MB WARC 3-9 % faster so).
+worker another (on 2 cores, `--workers 2` did the issue's 62 MB WARC 3-9 % faster so in
+A/B runs; bench/RESULTS.md).
 
 Only then: a job that does not fill its CPUs is left to the kernel, so that two replays
 started side by side never share one CPU while another idles. To run several filling

@@ -23,6 +23,11 @@ against one: the work that splitting adds, steadier than wall time on a shared h
 --one-cpu also times `--workers 1` under `taskset -c` (the first CPU this process may use):
 a lone replay is not placed (stream_dedup/cpus.py), so this is how much a CPU of its own
 would give it, and `--workers 2` against that is the ratio with no placement on one side.
+--pair also times two `--workers 1` replays of the input at once, each under taskset on a
+CPU of its own: against one alone on one CPU, what a second process gets done on this work
+on this host. Two CPU-bound loops (`host` below) share little but the CPUs; two replays also
+share caches and memory, and no split of one input in two processes can do better than
+two independent replays of it.
 
 Bounds, measured in this process:
 - decide ceiling: pages/s of `Deduplicator.check_batch` (batches of 500) when every analysis
@@ -35,6 +40,7 @@ Bounds, measured in this process:
     python bench/workers.py                     # 5 rounds, all inputs, W = 1..cores (~7 min)
     python bench/workers.py --rounds 3 --pages 4000 --inputs corpora,small
     python bench/workers.py --inputs big,big-distinct --max-workers 3
+    python bench/workers.py --inputs big --max-workers 2 --pair --rounds 15
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ from stream_dedup.sources.files import iter_inputs
 
 SMALL_DEFAULT = "copycat/commoncrawl-small-sample-1213893279526_0.arc"
 ONE_CPU = "1, one CPU"  # --one-cpu: --workers 1 under taskset
+PAIR = "1+1, a CPU each"  # --pair: two --workers 1 at once, each under taskset
 
 
 def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
@@ -80,6 +87,22 @@ def write_jsonl(pages: Sequence[Page], path: Path) -> Path:
     return path
 
 
+def _replay_cmd(files: Sequence[Path], workers: int, batch_size: int, summary: str,
+                extra: Sequence[str] = (), cpu: int | None = None) -> list[str]:
+    return [*(["taskset", "-c", str(cpu)] if cpu is not None else []),
+            sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
+            str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
+            "--summary-json", summary, *extra]
+
+
+def _env(code: Path) -> dict[str, str]:
+    # From cached bytecode, as an installed package runs (main() makes the cache once):
+    # without it the package is compiled at every start, before any work.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPATH"] = str(code)
+    return env
+
+
 def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path = REPO,
                extra: Sequence[str] = (), cpu: int | None = None
                ) -> tuple[float, float, int, float]:
@@ -87,24 +110,41 @@ def run_replay(files: Sequence[Path], workers: int, batch_size: int, code: Path 
     process and its workers) of the package in `code` (a checkout); `extra`: more options;
     `cpu`: the process runs on that CPU only (taskset)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as summary:
-        cmd = [*(["taskset", "-c", str(cpu)] if cpu is not None else []),
-               sys.executable, "-m", "stream_dedup", "replay", *map(str, files), "--workers",
-               str(workers), "--batch-size", str(batch_size), "-o", os.devnull, "-q",
-               "--summary-json", summary.name, *extra]
-        # From cached bytecode, as an installed package runs (main() makes the cache once):
-        # without it the package is compiled at every start, before any work.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        env["PYTHONPATH"] = str(code)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         # From within the checkout: `python -m` puts the working directory first on the
         # path, so from another checkout's root that checkout's code would run instead.
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, cwd=code)
+        subprocess.run(_replay_cmd(files, workers, batch_size, summary.name, extra, cpu),
+                       check=True, env=_env(code), stdout=subprocess.DEVNULL, cwd=code)
         wall = time.perf_counter() - started
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         s = json.loads(Path(summary.name).read_text())
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return s["seconds"], wall, s["pages"], cpu
+    cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return s["seconds"], wall, s["pages"], cpu_s
+
+
+def run_pair(files: Sequence[Path], batch_size: int, cpus: Sequence[int],
+             code: Path = REPO) -> tuple[float, float, int, float]:
+    """Two `--workers 1` replays of `files` at once, each on a CPU of its own: as
+    run_replay, the seconds of the slower one and the CPU seconds of both. Against one such
+    replay alone, the most that two processes get done here on this input: what the host
+    gives a second process on this work (caches, memory, the hypervisor), which bounds any
+    split of one input in two."""
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        procs = [subprocess.Popen(
+            _replay_cmd(files, 1, batch_size, f"{tmp}/{cpu}.json", cpu=cpu), env=_env(code),
+            stdout=subprocess.DEVNULL, cwd=code) for cpu in cpus]
+        cpu_s = 0.0
+        for p in procs:
+            _, status, usage = os.wait4(p.pid, 0)
+            p.returncode = os.waitstatus_to_exitcode(status)
+            if p.returncode:
+                raise subprocess.CalledProcessError(p.returncode, p.args)
+            cpu_s += usage.ru_utime + usage.ru_stime
+        wall = time.perf_counter() - started
+        runs = [json.loads(Path(f"{tmp}/{cpu}.json").read_text()) for cpu in cpus]
+    return max(r["seconds"] for r in runs), wall, runs[0]["pages"], cpu_s
 
 
 class Precomputed(AnalysisPool):
@@ -207,6 +247,10 @@ def main() -> None:
                     help="also time --workers 1 on one CPU (taskset -c, the first this process "
                     "may use): its threads kept together, as --workers N keeps each process "
                     "on a CPU of its own when they fill the CPUs")
+    ap.add_argument("--pair", action="store_true",
+                    help="also time two --workers 1 replays of the input at once, each on a "
+                    "CPU of its own (implies --one-cpu): what a second process gets done on "
+                    "this host on this work, the bound of --workers 2 on it")
     args = ap.parse_args()
     print(header("## --workers W against --workers 1 (bench/workers.py)"))
     tmp = Path(tempfile.mkdtemp(prefix="workers-bench-"))
@@ -236,9 +280,20 @@ def main() -> None:
 
     codes = {"this": REPO, **({"before": args.before.resolve()} if args.before else {})}
     counts: list[int | str] = list(range(1, max(args.max_workers, 2) + 1))
-    if args.one_cpu:
+    cpus = sorted(allowed()) or [0]
+    if args.pair and len(cpus) < 2:
+        ap.error("--pair needs two CPUs this process may use")
+    if args.one_cpu or args.pair:
         counts.append(ONE_CPU)
-    first_cpu = min(allowed(), default=0)
+    if args.pair:
+        counts.append(PAIR)
+
+    def timed(files: list[Path], w: int | str, code: Path) -> tuple[float, float, int, float]:
+        if w == PAIR:
+            return run_pair(files, args.batch_size, cpus[:2], code)
+        return run_replay(files, 1 if w == ONE_CPU else int(w), args.batch_size, code,
+                          cpu=cpus[0] if w == ONE_CPU else None)
+
     for path in codes.values():  # untimed: writes each checkout's bytecode cache
         run_replay([benchlib.WARCS / args.small], 2, args.batch_size, path)
     got: dict[tuple[str, str, int | str], list[tuple[float, float, int, float]]] = {}
@@ -246,9 +301,7 @@ def main() -> None:
         for name, files in inputs.items():
             for code, path in codes.items():
                 for w in (counts if r % 2 == 0 else counts[::-1]):
-                    got.setdefault((name, code, w), []).append(
-                        run_replay(files, 1 if w == ONE_CPU else int(w), args.batch_size,
-                                   path, cpu=first_cpu if w == ONE_CPU else None))
+                    got.setdefault((name, code, w), []).append(timed(files, w, path))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     busy, mine, steal = (b - a for a, b in zip((busy0, mine0, steal0), cpu_seconds(),
                                                   strict=True))
@@ -287,15 +340,22 @@ def main() -> None:
     print(table(["input", "code", "timed", "pages", "W", "s", "pages/s", "W/1 (medians)",
                  "W/1 (rounds)", "range s", "CPU s", "CPU W/1", "decide ceiling pages/s"],
                 rows))
-    for name in inputs if args.one_cpu else ():
+    for name in inputs if ONE_CPU in counts else ():
         for code in codes:
             s1, s2 = ([x[0] for x in got[(name, code, w)]] for w in (ONE_CPU, 2))
+            two = statistics.median(s1) / statistics.median(s2)
             print(f"{name} ({code}): replay --workers 2 / --workers 1 on one CPU: "
-                  f"{statistics.median(s1) / statistics.median(s2):.2f}x "
-                  f"(rounds {median_ratio(s1, s2):.2f})")
+                  f"{two:.2f}x (rounds {median_ratio(s1, s2):.2f})")
+            if PAIR in counts:
+                pair = [x[0] for x in got[(name, code, PAIR)]]
+                host = 2 * statistics.median(s1) / statistics.median(pair)
+                print(f"  two --workers 1 at once, a CPU each, do {host:.2f}x the pages of "
+                      f"one alone (rounds {2 * median_ratio(s1, pair):.2f}): --workers 2 "
+                      f"gets {two / host:.0%} of what two processes get done here")
     print("\n(CPU: user + system of the whole process and its workers, medians. Where the "
           "processes are busy to the end, W/1 is at most the host's figure divided by "
-          "CPU W/1: the work more processes add)")
+          "CPU W/1: the work more processes add. The row of W = '1+1': the slower of two "
+          "--workers 1 at once, the pages of one; its W/1 is half the pages they do)")
     print()
     print(table(["input", "decide ceiling pages/s", "replay ceiling pages/s"],
                 [[name, *c] for name, c in ceilings.items()]))

@@ -13,6 +13,7 @@ from test_units import _counting, _same_analyses, big_warc  # noqa: F401  (a fix
 
 from stream_dedup import Settings, analysis, memo
 from stream_dedup.analysis import Analyzer
+from stream_dedup.models import Page
 from stream_dedup.sources import unit_plan, unit_read, units
 from stream_dedup.sources.shared_fps import SharedFingerprints
 from stream_dedup.sources.warc import SourceStats
@@ -177,3 +178,26 @@ def test_copies_in_both_processes_give_the_same_decisions(
                         "--workers", str(w), "-o", str(out[w]), str(big_warc)], check=True)
     decisions = out[1].read_text().splitlines()
     assert len(decisions) > 100 and out[2].read_text().splitlines() == decisions
+
+
+def test_a_body_analysed_here_is_told_to_the_workers_before_its_analysis_is_done(
+        big_warc: Path, worker: SharedFingerprints,  # noqa: F811
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While this process analyses a body, a worker reading a copy finds it in this
+    process's table (and sends its fingerprint, not a second analysis of it)."""
+    first = _first_unit(big_warc)
+    source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
+    told: list[bool] = []
+    analyze = Analyzer.analyze
+
+    def analysing(self: Analyzer, page: Page) -> object:
+        told.append(worker.in_parent(analysis.raw_fingerprint(page.body)))
+        return analyze(self, page)
+
+    monkeypatch.setattr(Analyzer, "analyze", analysing)
+    here = source._here(units._Slot(first))
+    assert len(told) > 10 and all(told)
+    monkeypatch.setattr(Analyzer, "analyze", analyze)
+    packed = unit_read._worker_read(first)
+    assert all(isinstance(r, int) for r in packed.rows if r is not None)
+    _same_analyses(unit_read.unpack(packed, None, source._shared.recall), here)

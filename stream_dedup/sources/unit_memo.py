@@ -42,6 +42,13 @@ class UnitMemo:
                 self.memo.put(a.raw_fp, as_row(a))
         return result
 
+    def analysing(self, fp: int) -> None:
+        """This process is about to analyse `fp`'s body (and remember it): told to the
+        workers now, not once it is done, so that a worker reading a copy meanwhile sends
+        back its fingerprint instead of analysing it too. Its analysis is here by the time
+        such a unit is unpacked: that happens in the thread that analyses, after it."""
+        self._remember(fp)
+
     def recall(self, fp: int) -> Row:
         """The analysis a worker was told this process remembers."""
         row = self.memo.get(fp)

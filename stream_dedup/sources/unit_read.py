@@ -41,11 +41,13 @@ class UnitResult:
 
 def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
               tick: Callable[[], None] | None = None,
-              elsewhere: Callable[[int], bool] | None = None) -> UnitResult:
+              elsewhere: Callable[[int], bool] | None = None,
+              analysing: Callable[[int], None] | None = None) -> UnitResult:
     """The unit's items (what FileSource reads there), each page's analysis, and the
     readers' counts. `tick` is called after each page. A body not remembered for which
     `elsewhere(fingerprint)` says yes (a worker reads it) is left unanalysed: its index is
-    in `deferred`, for `finish_deferred` once the unit is due."""
+    in `deferred`, for `finish_deferred` once the unit is due. `analysing(fingerprint)` is
+    told of each body about to be analysed (and remembered in `memo`) here."""
     out = UnitResult([], [], end=_part_end(unit))
     for item in _items(unit, out.stats, out.end):
         if isinstance(item, Rejected):
@@ -54,11 +56,13 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
             continue
         out.items.append(item)
         fp = raw_fingerprint(item.body)
-        if elsewhere is not None and item.revisit is None and fp not in memo.rows \
-                and elsewhere(fp):
+        new = item.revisit is None and fp not in memo.rows
+        if new and elsewhere is not None and elsewhere(fp):
             out.deferred.append(len(out.analyses))
             out.analyses.append(None)
         else:
+            if new and analysing is not None:
+                analysing(fp)
             out.analyses.append(_analysis(item, analyzer, memo, fp))
         if tick is not None:
             tick()

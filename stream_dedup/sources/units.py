@@ -376,7 +376,8 @@ class UnitSource(PageRecords):
         seen = self._seen()
         try:
             return read_unit(slot.unit, self.analyzer, self._shared.memo, tick=self._tick,
-                             elsewhere=seen.in_worker if seen is not None else None)
+                             elsewhere=seen.in_worker if seen is not None else None,
+                             analysing=self._shared.analysing)
         finally:
             slot.here = False
 

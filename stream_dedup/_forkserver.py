@@ -1,9 +1,11 @@
 """Imported by the analysis pool's forkserver at its start (forkserver preload), and by
 nothing else: it makes that process, and every worker it forks, ignore the stop signals
-(see workers.py). Importing the package loads the pipeline too, so a worker is forked with
-it loaded instead of importing it again (its tokenizer tables come from the parent: see
-AnalysisPool)."""
+(see workers.py) and keep their heaps (heap.py). Importing the package loads the pipeline
+too, so a worker is forked with it loaded instead of importing it again (its tokenizer
+tables come from the parent: see AnalysisPool)."""
 
+from .heap import keep_heap
 from .workers import ignore_stop_signals
 
 ignore_stop_signals()
+keep_heap()

@@ -21,6 +21,7 @@ from . import __version__
 from .cli_settings import setting_flags, settings_of
 from .config import Settings
 from .errors import ConfigError, StreamDedupError
+from .heap import keep_heap
 from .table_cache import load_tables
 
 if TYPE_CHECKING:
@@ -379,6 +380,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    keep_heap()
     try:
         return int(args.func(args))
     except StreamDedupError as exc:

@@ -343,16 +343,16 @@ def test_a_stop_leaves_the_unit_being_read_at_once(crawl: list[Path]) -> None:
     source = units.UnitSource(crawl, Analyzer(Settings()), None, unit_bytes=1 << 20)
     stop = asyncio.Event()
     pages = 0
-    feed = source._feed
+    tick = source._tick
 
     def counting() -> None:  # after the 3rd page, the replay is told to stop
         nonlocal pages
         pages += 1
         if pages == 3:
             stop.set()
-        feed()
+        tick()
 
-    source._feed = counting  # type: ignore[method-assign]
+    source._tick = counting  # type: ignore[method-assign]
     items, analyses = source._take(10_000, stop)
     assert (items, analyses, pages) == ([], [], 3)  # the first unit (the WARC) left at once
     assert source._slots[0].free  # nothing of it taken: read again if asked again
@@ -438,6 +438,34 @@ def test_units_back_but_not_collected_do_not_hold_the_workers_back(
     source._plan_ahead()
     source._feed()
     assert len(executor.sent) == 2 * first
+
+
+def test_a_unit_back_while_this_process_reads_gets_the_worker_fed_at_the_next_page(
+        crawl: list[Path]) -> None:
+    """While this process reads a unit itself, a unit coming back gets the worker the next
+    one at the next page read (not once the unit read here is done); while none comes
+    back, a page read does not feed (nothing to feed)."""
+    executor = _Executor()
+    source = _fake_pool_source(crawl, executor, 3000)
+    source._plan_ahead()
+    source._feed()
+    held = len(executor.sent)
+    feeds = 0
+    feed = source._feed
+
+    def counting() -> None:
+        nonlocal feeds
+        feeds += 1
+        feed()
+
+    source._feed = counting  # type: ignore[method-assign]
+    source._tick()
+    assert feeds == 0 and len(executor.sent) == held
+    executor.sent[0].set_result(None)  # back, not collected
+    source._tick()
+    assert feeds == 1 and len(executor.sent) == held + 1
+    source._tick()
+    assert feeds == 1
 
 
 def test_a_batch_near_the_end_goes_out_rather_than_wait_for_more_reading(

@@ -30,7 +30,7 @@ from stream_dedup.models import Page, Rejected
 from stream_dedup.replay import replay
 from stream_dedup.sample import build, write_sample
 from stream_dedup.sinks import MemorySink
-from stream_dedup.sources import parts, unit_read, units
+from stream_dedup.sources import parts, unit_feed, unit_read, units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.warc import SourceStats
 
@@ -375,7 +375,7 @@ def test_units_queued_to_the_workers_are_bounded_by_their_bytes(
     settings = Settings(batch_size=7)
     one = MemorySink()
     replay(crawl, one, settings)
-    monkeypatch.setattr(units, "QUEUED_BYTES_PER_PROCESS", 1)
+    monkeypatch.setattr(unit_feed, "QUEUED_BYTES_PER_PROCESS", 1)
     two, source = _replay_with_units(crawl, monkeypatch, settings, Counting)
     assert source.units_there > 0 and most == 1
     assert two.decisions == one.decisions
@@ -430,7 +430,7 @@ def test_units_back_but_not_collected_do_not_hold_the_workers_back(
     source._plan_ahead()
     source._feed()
     first = len(executor.sent)
-    assert first == units.QUEUED_PER_PROCESS
+    assert first == unit_feed.QUEUED_PER_PROCESS
     source._feed()
     assert len(executor.sent) == first  # all still in the worker's hands
     for f in executor.sent:  # each back, none collected
@@ -477,7 +477,7 @@ def test_a_batch_near_the_end_goes_out_rather_than_wait_for_more_reading(
     # the first unit comes back at once, the others never
     executor = _Executor(lambda unit: unit_read.read_unit(unit, analyzer, memo_module.Memo()))
     source = _fake_pool_source(crawl, executor, 20_000, analyzer=analyzer, planned=True)
-    assert source._ending() and len(source._slots) > units.QUEUED_PER_PROCESS + 1
+    assert source._ending() and len(source._slots) > unit_feed.QUEUED_PER_PROCESS + 1
     items, _ = source._take(1 << 30, asyncio.Event())
     assert items and source.units_here == 0 and source.units_there == 1
     assert any(s.free for s in source._slots)  # not read here: the batch went out instead
@@ -492,16 +492,16 @@ def test_between_fetches_at_the_end_the_workers_are_fed_as_they_finish(
     sent = executor.sent
     source = _fake_pool_source(crawl, executor, 20_000, planned=True)
     source._feed()
-    assert source._ending() and len(sent) == units.QUEUED_PER_PROCESS
+    assert source._ending() and len(sent) == unit_feed.QUEUED_PER_PROCESS
     wake: Future[None] = Future()
     feeding = threading.Thread(target=source._feeding, args=(wake,))
     feeding.start()
     for k in range(2):  # a unit back: the next goes out
         sent[k].set_result(None)
         deadline = time.monotonic() + 10
-        while len(sent) < units.QUEUED_PER_PROCESS + k + 1 and time.monotonic() < deadline:
+        while len(sent) < unit_feed.QUEUED_PER_PROCESS + k + 1 and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert len(sent) == units.QUEUED_PER_PROCESS + k + 1
+        assert len(sent) == unit_feed.QUEUED_PER_PROCESS + k + 1
     wake.set_result(None)
     feeding.join(10)
     assert not feeding.is_alive()

@@ -34,22 +34,20 @@ other which bodies they analyse (shared_fps.py), so that a copy is analysed in o
 A worker that dies breaks the pool: the units it held are read again (here, or by new
 processes), so no page is lost and none comes twice.
 
-This module schedules the units; unit_plan.py plans them, unit_read.py reads one (here or in
-a worker).
+This module schedules the units; unit_plan.py plans them, unit_feed.py gives them to the
+workers, unit_read.py reads one (here or in a worker).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import os
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stream_dedup.analysis import Analyzer
 from stream_dedup.decide import Analysis
@@ -57,6 +55,12 @@ from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.parts import Chain, Cut
 from stream_dedup.sources.shared_fps import SharedFingerprints
+from stream_dedup.sources.unit_feed import (
+    QUEUED_PER_PROCESS,
+    WorkerFeed,
+    _Slot,
+    _Stopped,
+)
 from stream_dedup.sources.unit_memo import UnitMemo
 from stream_dedup.sources.unit_plan import UNIT_BYTES, Unit, _size, plan_units
 from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them here)
@@ -70,13 +74,9 @@ from stream_dedup.sources.unit_read import (  # noqa: F401  (tests reach them he
     unpack,
 )
 from stream_dedup.sources.warc import SourceStats
-from stream_dedup.workers import POLL_S
 
 if TYPE_CHECKING:
     from stream_dedup.analysis import AnalysisPool
-    from stream_dedup.workers import WorkerPool
-
-log = logging.getLogger("stream_dedup.replay")
 
 # Units planned ahead of the one due (submitted, done here, or waiting), at most so many
 # and so many bytes of input (at least one unit): their results wait in memory until
@@ -85,17 +85,6 @@ log = logging.getLogger("stream_dedup.replay")
 # 0.31 s of a 1.05-1.10 s replay of the corpora with --workers 2; 64: 0.05 s of 0.88-1.02.)
 AHEAD_UNITS = 64
 AHEAD_BYTES = 64 << 20
-# Units kept submitted per worker process. More than the two a batch's tasks keep
-# (analysis.py): a finished unit is noticed only when this process's result thread gets
-# the GIL, which the thread analysing here holds for up to a switch interval (5 ms) at a
-# time, and a unit of JSONL is ~7 ms of a worker's work.
-# 6 measured against 2 and 12: 1.76-1.91 s against 2.07-2.36 and 2.43-2.73 (synthetic).
-QUEUED_PER_PROCESS = 6
-# ... and at most this many bytes of input per process (at least one unit): a unit's result
-# (its pages without bodies, their analyses: ~2-3 KB a page and 4 B a shingle) waits in this
-# process until decided, and an archive that is one gzip stream is one unit however large
-# (a 1 GB WARC: ~100,000 pages).
-QUEUED_BYTES_PER_PROCESS = 32 << 20
 # The input's last units, at most so many bytes of them: a batch begun then goes to be
 # decided before this process reads another unit, so that deciding keeps up with reading
 # and little is left to decide once the last unit is read.
@@ -104,31 +93,12 @@ ENDING_BATCH = 100  # ... and a batch is at most so many records
 
 
 
-class _Stopped(Exception):
-    """The replay is stopping: the unit being read or waited for is left unfinished."""
-
-
 class _NotBack(Exception):
     """A batch begun goes out as it is: the unit due is a worker's and not back, and no
     other is read here meanwhile (none is left, or the input is ending)."""
 
 
-@dataclass(slots=True)
-class _Slot:
-    unit: Unit | None  # None: `result` was ready when planned (an unreadable input)
-    task: tuple[WorkerPool, Future[Packed]] | None = None
-    result: UnitResult | Packed | None = None  # a worker's is unpacked when due
-    here: bool = False  # being read in this process
-    sent: int = 0  # its number among the units submitted (0: not submitted)
-
-    @property
-    def free(self) -> bool:
-        """Nobody has taken it yet."""
-        return self.unit is not None and self.task is None and self.result is None \
-            and not self.here
-
-
-class UnitSource(PageRecords):
+class UnitSource(WorkerFeed, PageRecords):
     """FileSource's pages and rejects, in the same order, each page with its analysis
     (Batch.analyses), read and analysed by `pool`'s processes and this one (see the
     module's docstring). Without a ready pool every unit is read here."""
@@ -143,8 +113,8 @@ class UnitSource(PageRecords):
         self.stats = stats if stats is not None else SourceStats()
         self.analyzer = analyzer
         self.pool = pool
+        super().__init__()
         self._plan = plan_units(paths, self.stats, unit_bytes or UNIT_BYTES)
-        self._lost_pools: list[WorkerPool] = []  # the broken executors already handled
         self._planned_all = False
         self._slots: deque[_Slot] = deque()
         self._chain: Chain | None = None  # of the archive whose parts are due
@@ -154,10 +124,6 @@ class UnitSource(PageRecords):
         self._stop: asyncio.Event | None = None  # the fetch's, while it runs
         self._reader: ThreadPoolExecutor | None = None  # the thread fetches run in
         self._wake: Future[None] | None = None  # ends _feeding in that thread
-        # Units the workers have sent back (counted by their futures' callbacks) and the
-        # executor, as of the last _feed: while neither changes, there is nothing to feed.
-        self._backs = 0
-        self._fed: tuple[int, WorkerPool | None] = (-1, None)
         self.units_here = 0  # units read in this process / by the workers (tests, logs)
         self.units_there = 0
         self.restarts = 0
@@ -184,16 +150,6 @@ class UnitSource(PageRecords):
             self._wake = Future()
             self._reader.submit(self._feeding, self._wake)
         return Batch(items, analyses=analyses)
-
-    def _feeding(self, wake: Future[None]) -> None:
-        """Between fetches over the input's last units (small ones, parts.py): give the
-        workers the next units as they finish theirs, until `wake` (the next fetch) or
-        POLL_S without one back. Otherwise nothing would while the batch is decided."""
-        while not wake.done() and not self._stopping():
-            out: list[Future[Any]] = [s.task[1] for s in self._held() if s.task is not None]
-            if not out or not wait([*out, wake], POLL_S, FIRST_COMPLETED).done:
-                return
-            self._feed()
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass
@@ -242,41 +198,6 @@ class UnitSource(PageRecords):
             else:
                 self._slots.append(_Slot(planned))
                 ahead += planned.size
-
-    def _feed(self) -> None:
-        """Keep QUEUED_PER_PROCESS units per worker process submitted, earliest first."""
-        executor = self.pool.executor() if self.pool is not None else None
-        self._fed = (self._backs, executor)
-        if executor is None:
-            return
-        assert self.pool is not None
-        busy = self._held()
-        running = len(busy)
-        queued = sum(s.unit.size for s in busy if s.unit is not None)
-        depth = QUEUED_PER_PROCESS * self.pool.processes
-        budget = QUEUED_BYTES_PER_PROCESS * self.pool.processes
-        for slot in self._slots:
-            if running >= depth or (running and queued >= budget):
-                break
-            if slot.free:
-                assert slot.unit is not None
-                try:
-                    slot.task = executor, executor.submit(_worker_read, slot.unit)
-                except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
-                    self._lost(executor)
-                    return
-                slot.task[1].add_done_callback(self._back)
-                self._shared.sent += 1
-                slot.sent = self._shared.sent
-                running += 1
-                queued += slot.unit.size
-
-    def _held(self) -> list[_Slot]:
-        """The units the workers hold: sent and not back. (One back but not collected yet
-        is not held: the thread that collects it may be reading a unit here meanwhile, and
-        the workers would wait for it.)"""
-        return [s for s in self._slots
-                if s.task is not None and s.result is None and not s.task[1].done()]
 
     def _ending(self) -> bool:
         """Whether the units left (planned, not collected) are the input's last few, and
@@ -328,15 +249,6 @@ class UnitSource(PageRecords):
                 return result
         return None
 
-    def _finish_pool(self) -> None:
-        """Once every unit is planned and none is left for the workers, let them exit now
-        (AnalysisPool.finish): their exit then overlaps this process deciding the last
-        batches instead of following them (~7 ms). A unit planned after all (an archive
-        part read again, parts.py) is read here."""
-        if self.pool is not None and self.pool.executor() is not None and self._planned_all \
-                and not self._held() and not any(s.free for s in self._slots):
-            self.pool.finish()
-
     def _settled(self, slot: _Slot) -> UnitResult | None:
         """The due unit's result, its sources set; None for an archive part dropped
         (parts.py Chain; what is read in its place or after it goes first in line)."""
@@ -386,43 +298,3 @@ class UnitSource(PageRecords):
                              analysing=self._shared.analysing)
         finally:
             slot.here = False
-
-    def _stopping(self) -> bool:
-        return self._stop is not None and self._stop.is_set()
-
-    def _tick(self) -> None:
-        """After each page read here: keep the workers fed (if a unit came back or the
-        workers became ready since the last feed: _feed per page cost ~3 % of a replay of
-        the synthetic crawl); stop if the replay stops."""
-        if self._stopping():
-            raise _Stopped
-        if self._fed != (self._backs, self.pool.executor() if self.pool is not None else None):
-            self._feed()
-
-    def _back(self, _: Future[Packed]) -> None:
-        """A unit came back (in the pool's thread; a count lost to a race only delays the
-        feed to the next unit back or to the next unit due)."""
-        self._backs += 1
-
-    def _lost(self, executor: WorkerPool) -> None:
-        """A worker died: its pool is forgotten, new processes start in the background, and
-        every unit the old ones held and did not send back is read again (here meanwhile)."""
-        assert self.pool is not None
-        if any(e is executor for e in self._lost_pools):
-            return
-        self._lost_pools.append(executor)
-        lost = 0
-        for slot in self._slots:
-            if slot.task is not None and slot.task[0] is executor and slot.result is None:
-                future = slot.task[1]
-                if future.done() and not future.cancelled() and future.exception() is None:
-                    slot.result = future.result()
-                    self.units_there += 1
-                else:
-                    slot.task = None
-                    lost += 1
-        log.error("a worker process died while reading the input; %d unit(s) it held are "
-                  "read again; starting new workers", lost)
-        self.restarts += 1
-        self.pool.broken(executor)
-        self.pool.start()

@@ -136,12 +136,18 @@ def run_pair(files: Sequence[Path], batch_size: int, cpus: Sequence[int],
             _replay_cmd(files, 1, batch_size, f"{tmp}/{cpu}.json", cpu=cpu), env=_env(code),
             stdout=subprocess.DEVNULL, cwd=code) for cpu in cpus]
         cpu_s = 0.0
-        for p in procs:
-            _, status, usage = os.wait4(p.pid, 0)
-            p.returncode = os.waitstatus_to_exitcode(status)
-            if p.returncode:
-                raise subprocess.CalledProcessError(p.returncode, p.args)
-            cpu_s += usage.ru_utime + usage.ru_stime
+        try:
+            for p in procs:
+                _, status, usage = os.wait4(p.pid, 0)
+                p.returncode = os.waitstatus_to_exitcode(status)
+                if p.returncode:
+                    raise subprocess.CalledProcessError(p.returncode, p.args)
+                cpu_s += usage.ru_utime + usage.ru_stime
+        finally:  # one failed: the other is not left running
+            for p in procs:
+                if p.returncode is None:
+                    p.kill()
+                    p.wait()
         wall = time.perf_counter() - started
         runs = [json.loads(Path(f"{tmp}/{cpu}.json").read_text()) for cpu in cpus]
     return max(r["seconds"] for r in runs), wall, runs[0]["pages"], cpu_s

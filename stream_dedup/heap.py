@@ -7,8 +7,9 @@ the next big page faults every page in again (5,500 faults an analysis of that p
 which took 56 ms; on a 65 MB WARC of new text `--workers 2`, whose worker starts with a
 heap of its own, took 53,000 more faults than `--workers 1`). Kept (free memory up to
 KEEP_FREE stays at the top of the heap; blocks under MAP_FROM come from the heap), the same
-analysis faults nothing and takes 32 ms. The peak RSS hardly moves (what stays is what a page already took): `replay` of
-1M synthetic pages, 216 B a page held against 212 (bench/replay_memory.py).
+analysis faults nothing and takes 32 ms. The peak RSS hardly moves (what stays is what a
+page already took): `replay` of 1M synthetic pages, 216 B a page held against 212
+(bench/replay_memory.py).
 
 The command line's process sets this (cli.main; forked workers inherit it), and so do the
 analysis workers the forkserver starts (_forkserver.py); a library user's own process keeps

@@ -30,10 +30,13 @@ thread, as a spider callback parses one: it takes about as long as parsing it (b
 scrapy_crawl.py), and decisions are made in the order responses arrive, which is the order
 the index sees them. A thread would only add a hand-off: deciding holds one lock.
 
-When the service cannot answer (or the local index, e.g. a Redis one): STREAM_DEDUP_ON_ERROR
+When the service cannot answer (or the local index, e.g. a Redis one), or the library
+raises anything else (a bug: counted as stream_dedup/error/internal-error, logged with its
+traceback, as the Kafka runner turns it into an `internal-error` reject): STREAM_DEDUP_ON_ERROR
 = "keep" (fail open, the default: the spider gets the page, undeduplicated; a crawl should
 not lose pages because its filter is down) or "drop" (fail closed). Each is counted and
-logged: the first error at ERROR, then one line at most every 30 s with the count.
+logged with the page's URL: the first error at ERROR, then one line at most every 30 s with
+the count.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ class DedupMiddleware:
         started = time.perf_counter()
         try:
             decision = await self.checker.check(page)
-        except StreamDedupError as exc:
+        except Exception as exc:  # any, not only StreamDedupError: a bug must not lose the page
             return self._failed(request, response, exc)
         finally:
             self.stats.inc_value("stream_dedup/check_seconds", time.perf_counter() - started)
@@ -199,16 +202,21 @@ class DedupMiddleware:
         return Page(url=response.url, body=response.body, headers=headers,
                     status=response.status)
 
-    def _failed(self, request: Request, response: Response, exc: StreamDedupError) -> Response:
-        kind = exc.kind if isinstance(exc, ServiceError) else type(exc).__name__
+    def _failed(self, request: Request, response: Response, exc: Exception) -> Response:
+        if isinstance(exc, ServiceError):
+            kind = exc.kind
+        elif isinstance(exc, StreamDedupError):
+            kind = type(exc).__name__
+        else:  # not an error the library means to raise: a bug, as the Kafka runner names it
+            kind = "internal-error"
         self.stats.inc_value(f"stream_dedup/error/{kind}")
         self.errors += 1
         now = time.monotonic()
         if self._errors_told == 0 or now - self._told_at >= ERROR_LOG_EVERY_S:
-            log.error("stream-dedup could not decide %s (%s); %d page(s) so far, each %s "
-                      "(STREAM_DEDUP_ON_ERROR)", response.url, exc, self.errors,
-                      "passed to the spider undecided" if self.on_error == "keep"
-                      else "dropped")
+            log.error("stream-dedup could not decide %s (%s: %s); %d page(s) so far, each %s "
+                      "(STREAM_DEDUP_ON_ERROR)", response.url, type(exc).__name__, exc,
+                      self.errors, "passed to the spider undecided" if self.on_error == "keep"
+                      else "dropped", exc_info=kind == "internal-error")
             self._errors_told, self._told_at = self.errors, now
         if self.on_error == "drop":
             raise IgnoreRequest(f"stream-dedup could not decide the page: {exc}")

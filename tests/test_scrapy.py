@@ -315,3 +315,50 @@ def test_the_client_translates_every_answer_of_the_service() -> None:
                 assert err.value.kind == kind, err.value
     asyncio.run(go())
     dedup.close()
+
+
+# --- failing open on any error of the library (the middleware driven directly) -------------
+@pytest.mark.parametrize("exc", [RuntimeError("a bug in the index"), KeyError(7),
+                                 ValueError("decide_batch needs a sketched Analysis")])
+def test_any_error_of_the_library_fails_open(exc: Exception,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Not only a StreamDedupError: whatever the library in process raises (here its index,
+    as a bug would), the page reaches the spider (STREAM_DEDUP_ON_ERROR=keep), counted and
+    logged with its URL; with "drop" it is ignored. Never an exception Scrapy would take
+    for the download failing, losing the page."""
+    from scrapy.exceptions import IgnoreRequest
+    from scrapy.http import HtmlResponse, Request
+    from scrapy.utils.test import get_crawler
+
+    from stream_dedup.scrapy import DedupMiddleware, LocalChecker
+
+    body = build_site().resources["/article/0"].body
+    for on_error in ("keep", "drop"):
+        crawler = get_crawler()
+        checker = LocalChecker(Settings())
+        calls: list[Any] = []
+
+        def broken(*args: Any, calls: list[Any] = calls, **kwargs: Any) -> Any:
+            calls.append(args)
+            raise exc
+        checker.dedup.index.lookup = broken  # type: ignore[method-assign]
+        mw = DedupMiddleware(checker, crawler.stats, statuses=frozenset({200}),
+                             on_error=on_error)
+        request = Request("https://a.example/page")
+        response = HtmlResponse(request.url, body=body, headers={"Content-Type": HTML_TYPE},
+                                request=request)
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="stream_dedup.scrapy"):
+            if on_error == "keep":
+                got = asyncio.run(mw.process_response(request, response))
+                assert got is response and "stream_dedup" not in request.meta
+                assert str(exc) in request.meta["stream_dedup_error"]
+            else:
+                with pytest.raises(IgnoreRequest):
+                    asyncio.run(mw.process_response(request, response))
+        asyncio.run(checker.close())
+        assert len(calls) == 1 and mw.errors == 1
+        stats = crawler.stats.get_stats()
+        assert stats["stream_dedup/error/internal-error"] == 1, stats
+        assert [r for r in caplog.records if "https://a.example/page" in r.getMessage()
+                and type(exc).__name__ in r.getMessage()], caplog.text

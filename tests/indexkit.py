@@ -56,7 +56,9 @@ __all__ = ["CANONICAL", "RAW", "candidates", "first_with", "keep", "probe_of"]
 
 
 def flush_redis(url: str) -> None:
-    """Empty every primary of the Redis at `url` (a test's own clean store)."""
+    """Empty every primary of the Redis at `url` (a test's own clean store): FLUSHALL, all
+    of it, not only a test's keys (the index's key names have no prefix), which is why the
+    README asks for a Redis of the tests' own."""
     from redis.cluster import RedisCluster
 
     from stream_dedup.index.redis import connect

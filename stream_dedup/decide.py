@@ -33,6 +33,11 @@ No I/O and no state between calls: the index was asked once for the whole batch
 the later pages see as if it were stored, so a batch is decided exactly as the same pages
 one at a time would be (tests/test_golden.py holds every batch size to that). Only kept
 pages count (a dropped page is not indexed: no drift by chaining).
+
+No answer makes it raise: a record it needs and the answer lacks (a shared index's answer
+is read while other instances work) leaves that page undecided, with the handle it needs
+(Verdict.missing), and the pages after it in the batch too (Verdict.deferred): the
+deduplicator asks the index again, for those records, and decides them in a later round.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ from .verdicts import (
     OVERLAY,
     Analysis,
     BatchDocs,
+    MissingRecord,
     Overlay,
     Verdict,
     drop_verdict,
@@ -90,12 +96,19 @@ def decide_batch(
     is `url_keys[i]` (None, or a key 0: no URL versions). `keep_ids` False: kept pages get
     no page_id in their decision (a question, not a decision)."""
     overlay = Overlay()
-    out = []
+    out: list[Verdict] = []
     last = len(analyses) - 1  # no page after it to see it (one page: `check`)
     keys = url_keys if url_keys is not None else [0] * len(analyses)
     for i, (a, pid, answer, key) in enumerate(zip(analyses, page_ids, answers, keys,
                                                   strict=True)):
-        v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
+        try:
+            v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
+        except MissingRecord as missing:
+            # Decided without that record, the page might be kept beside a duplicate: it
+            # waits for it, and the pages after it wait too (they are decided after it).
+            out.append(Verdict(None, missing=(missing.handle,)))
+            out += [Verdict(None, deferred=True) for _ in analyses[i + 1 :]]
+            return out
         if v.doc is not None and i < last:
             replaced = v.replaces
             if v.replaces_in_batch is not None:

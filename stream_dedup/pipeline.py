@@ -207,6 +207,10 @@ class Deduplicator:
                 # it already holds, pending or kept.
                 self._retry_ids = {id(p): (p, pid) for (_, p), pid in zip(pages, ids,
                                                                         strict=True)}
+                self._release(ids)
+                raise
+            except BaseException:
+                self._release(ids)
                 raise
             self._retry_ids = {}
             remember = dict(zip((i for i, _ in pages), fps, strict=True)) if redeliveries else {}
@@ -230,6 +234,20 @@ class Deduplicator:
                                                                         strict=True))))
         return [p.position if p.position is not None else pid if same is p else next(fresh)
                 for p, (same, pid) in zip(pages, again, strict=True)]
+
+    def _release(self, ids: list[int]) -> None:
+        """The pages of a batch given up: a shared index stops holding them for this
+        instance, so that no other instance waits for them meanwhile."""
+        release = getattr(self.index, "release", None)
+        if release is not None and ids:
+            release(ids)
+
+    def interrupt(self) -> None:
+        """A stop: a batch waiting on another instance gives up (IndexUnavailable) rather
+        than wait on; safe to call from any thread."""
+        interrupt = getattr(self.index, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
 
     def _check_pool(self, pool: object) -> None:
         if not isinstance(pool, AnalysisPool):
@@ -256,9 +274,11 @@ class Deduplicator:
         todo = [k for k, a in enumerate(analyses) if a.error is None]
         keys = [self.url_key(a.page) if a.error is None else 0 for a in analyses]
         contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
+        records: list[int] = []  # records the decide step asked for (Verdict.missing)
         while todo:
             started = perf_counter()
-            answers = self.index.lookup([_probe(analyses[k], ids[k], keys[k]) for k in todo])
+            answers = self.index.lookup([_probe(analyses[k], ids[k], keys[k]) for k in todo],
+                                        records=records)
             live = []
             later = []
             for k, answer in zip(todo, answers, strict=True):
@@ -285,7 +305,8 @@ class Deduplicator:
             if self.journal is not None:
                 self._journal(claims, won)
             index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
-            if not all(won):
+            records = [h for v in verdicts for h in v.missing]
+            if records or not all(won):
                 contended += 1
                 if contended > MAX_ROUNDS:
                     raise IndexUnavailable(
@@ -293,7 +314,9 @@ class Deduplicator:
                         "other instances; the batch is decided again later")
             todo = later
             for (k, _), v, ok in zip(live, verdicts, won, strict=True):
-                if v.decision is None:  # only fingerprinted, and the stored copy is gone
+                if v.decision is None and (v.missing or v.deferred):
+                    ok = False  # asked again, with the records it needs
+                elif v.decision is None:  # only fingerprinted, and the stored copy is gone
                     given = ready[k]
                     analyses[k] = (self.analyzer.analyze(analyses[k].page) if given is None
                                    else given)
@@ -304,6 +327,7 @@ class Deduplicator:
                 a = analyses[k]
                 out[pages[k][0]] = v.decision
                 times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
+            todo.sort()  # decided in input order, as one process would
 
     def _journal(self, claims: list[Claim], won: list[bool]) -> None:
         """Note the kept pages of a claim, with the page id of the version each replaced."""

@@ -147,6 +147,10 @@ class Runner:
         while this one is decided, so the worker processes are not idle meanwhile."""
         ahead = self.pool is not None and self.source.reads_ahead
         next_fetch: asyncio.Task[Batch | None] | None = None
+        # A stop reaches a batch waiting in the index for another instance at once (it is
+        # abandoned, uncommitted), not once the wait is over.
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda f: None if f.cancelled() else self.dedup.interrupt())
         try:
             while not stop.is_set():
                 await self._expire(stop)
@@ -166,6 +170,7 @@ class Runner:
                 else:  # idle: the index gauges may lag behind the last batch
                     await self._step(lambda: self.metrics.refresh_index(self.dedup))
         finally:
+            stopping.cancel()
             if next_fetch is not None:  # read, never decided: it was not committed either
                 next_fetch.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -58,6 +58,21 @@ class Verdict:
     # of the page of this batch that was the URL's version
     replaces: int | None = None
     replaces_in_batch: int | None = None
+    # decision None, not decided this round: the records of these handles were needed and
+    # not in the index's answer (ask the index for them and decide again); () with
+    # `deferred`: a page after such a one in its batch (decided after it, in order).
+    missing: tuple[int, ...] = ()
+    deferred: bool = False
+
+
+class MissingRecord(LookupError):
+    """A record the decide step needs is not in the index's answer (a shared index read it
+    before the page was final, or ranked candidates otherwise): caught by decide_batch,
+    which asks for it (Verdict.missing) rather than decide without it."""
+
+    def __init__(self, handle: int) -> None:
+        super().__init__(handle)
+        self.handle = handle
 
 
 class Overlay:
@@ -98,7 +113,10 @@ class BatchDocs:
     def __getitem__(self, handle: int) -> StoredDoc:
         if handle >= OVERLAY:
             return self.overlay.docs[handle - OVERLAY]
-        return self.answer.docs[handle]
+        try:
+            return self.answer.docs[handle]
+        except KeyError:
+            raise MissingRecord(handle) from None
 
 
 def previous_of(prev: StoredDoc, match: str | None = None) -> Previous:

@@ -18,7 +18,9 @@ from stream_dedup import Settings
 from stream_dedup.decide import Analysis, Verdict, decide_batch
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
+from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis_lease import Leases
 from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_members
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
@@ -165,20 +167,86 @@ def test_sets_name_pages_by_ref_and_refs_by_page(two) -> None:  # type: ignore[n
     assert a._refs[YOUNG] != ref
 
 
-def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(
-        two, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from stream_dedup.index import redis as module
-
+def test_a_pending_page_whose_instance_died_stops_blocking_when_its_lease_ends(two) -> None:  # type: ignore[no-untyped-def]
     a, b = two
-    monkeypatch.setattr(module, "LEASE_MS", 300)
-    ask(a, OLD_PAGE, OLD)  # registered, then its instance is gone
+    a.leases.lease_ms = 300
+    ask(a, OLD_PAGE, OLD)  # registered, then its instance is gone: its leases not renewed
+    a.leases.close(release=False)
     assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
     time.sleep(0.4)
     young = finish(b, YOUNG_PAGE, YOUNG)
     assert young.decision.decision == "keep"
     # The old page delivered again (to any instance) is decided against the kept one.
+    a.leases = Leases(a.url, a.layout.record_key)
     old = finish(a, OLD_PAGE, OLD)
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
+
+
+def test_a_live_instance_keeps_its_pending_pages_however_long_it_takes(  # type: ignore[no-untyped-def]
+        two, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its leases are renewed while it decides: a page waits for the older one all along
+    (no time limit, nothing stolen), and the older one's claim holds."""
+    from stream_dedup.index import redis_lease
+
+    monkeypatch.setattr(redis_lease, "RENEW_EVERY_S", 0.1)
+    a, b = two
+    a.leases.close()
+    a.leases = redis_lease.Leases(a.url, a.layout.record_key)
+    a.leases.lease_ms = 400
+    old_answer = ask(a, OLD_PAGE, OLD)
+    for _ in range(8):  # 1.6 s: four leases long
+        time.sleep(0.2)
+        assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
+        a.leases.hold([])  # a's deciding loop makes progress
+    old = decide(OLD_PAGE, OLD, old_answer)
+    assert claim(a, OLD_PAGE, OLD, old) and old.decision.decision == "keep"
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert (young.decision.decision, young.decision.duplicate_of.page_id) == ("drop", OLD)
+
+
+def test_a_page_given_up_is_released_at_once(two) -> None:  # type: ignore[no-untyped-def]
+    """An instance that gives a page up (a batch abandoned, a stop, the index closed)
+    releases it: nobody waits for it, and its own late claim cannot hold."""
+    a, b = two
+    old_answer = ask(a, OLD_PAGE, OLD)
+    assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
+    a.release([OLD])
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert young.decision.decision == "keep"
+    stale = decide(OLD_PAGE, OLD, old_answer)  # decided on what it read before: nothing
+    assert stale.decision.decision == "keep"
+    assert not claim(a, OLD_PAGE, OLD, stale), "a released page's claim must not hold"
+    old = finish(a, OLD_PAGE, OLD)
+    assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
+    ask(a, OLD_PAGE, OLD)  # pending again ...
+    held = a.leases.held()
+    a.close()  # ... no: final. An index closed releases what it still holds.
+    assert held == []
+
+
+def test_a_lease_that_ran_out_is_not_renewed(two) -> None:  # type: ignore[no-untyped-def]
+    """A paused instance wakes after its lease ran out: renewing must not revive it (the
+    others went on without the page), its claim fails, and it decides the page again."""
+    a, b = two
+    a.leases.lease_ms = 300
+    old_answer = ask(a, OLD_PAGE, OLD)
+    time.sleep(0.4)  # paused: no renewal
+    young = finish(b, YOUNG_PAGE, YOUNG)  # b reads old as gone
+    assert young.decision.decision == "keep"
+    a.leases.lease_ms = 60_000
+    assert a.leases.renew() == 0
+    stale = decide(OLD_PAGE, OLD, old_answer)
+    assert not claim(a, OLD_PAGE, OLD, stale)
+    old = finish(a, OLD_PAGE, OLD)
+    assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
+
+
+def test_a_stop_ends_a_wait(two) -> None:  # type: ignore[no-untyped-def]
+    a, b = two
+    ask(a, OLD_PAGE, OLD)
+    b.interrupt()
+    with pytest.raises(IndexUnavailable, match="stopping"):
+        b._wait({YOUNG})
 
 
 def _bucket(key: bytes) -> bytes:

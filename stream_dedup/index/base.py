@@ -121,10 +121,13 @@ class FeatureIndex(Protocol):
         """Pages held."""
         ...
 
-    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True,
+               records: Sequence[int] = ()) -> list[Answer]:
         """One Answer per probe, from the stored pages only; `version`: the kept page with
         the probe's url_key, whose record is in `docs` (a batch's own pages are the
-        decide step's overlay). `register=False`: a read-only question (/v1/check)."""
+        decide step's overlay). `register=False`: a read-only question (/v1/check).
+        `records`: handles whose records the decide step asked for and did not find in the
+        last answer (Verdict.missing): in `docs` this time, unless gone."""
         ...
 
     def claim(self, claims: Sequence[Claim]) -> list[bool]:
@@ -251,8 +254,9 @@ class LocalIndex:
         """Remove a version a newer one of its URL replaced (keys, fingerprints, record)."""
         raise NotImplementedError
 
-    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
-        out = []
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True,
+               records: Sequence[int] = ()) -> list[Answer]:
+        out = []  # (`records`: every record is in `docs` here)
         for p in probes:
             raw = self.first_with(RAW, p.raw_fp)
             canonical = None

@@ -21,6 +21,10 @@ docs/scale-out.md; in short:
                retires the one it replaces: KEEP -> R, its record deleted, its id out of
                its keys.
 
+A lease lasts a few seconds and this instance renews it while it decides the page
+(redis_lease.py): a page is waited for exactly as long as its instance is alive and
+deciding it; released at once when the instance gives the page up or leaves.
+
 The rounds: redis_reads.py (join and read the sets, peek at the pages seen, wait, sweep)
 and redis_records.py (claim, leave, retire; the records read back). What is stored where:
 redis_layout.py; the scripts the server runs: redis_scripts.py; connecting and a round of
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
@@ -51,11 +56,10 @@ from .base import (
 )
 from .redis_client import Observe, connect
 from .redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
+from .redis_lease import Leases
 from .redis_reads import _EMPTY, SetRounds
 
 log = logging.getLogger("stream_dedup.index")
-
-LEASE_MS = 60_000  # a PENDING record no instance finished within this is treated as absent
 
 
 class RedisIndex(SetRounds):
@@ -98,9 +102,12 @@ class RedisIndex(SetRounds):
         with self._call("stamp"):
             self._load_scripts()
         self._check_config()
+        self.interrupted = threading.Event()  # a stop: a page waiting gives up (_wait)
+        self.leases = Leases(url, self.layout.record_key, observe)
 
     # --- the protocol -----------------------------------------------------------------
-    def lookup(self, probes: Sequence[Probe], *, register: bool = True) -> list[Answer]:
+    def lookup(self, probes: Sequence[Probe], *, register: bool = True,
+               records: Sequence[int] = ()) -> list[Answer]:
         keys, shards = [], []
         for p in probes:
             page_keys, page_shards = self.layout.probe_shards(p)
@@ -145,7 +152,7 @@ class RedisIndex(SetRounds):
         states = {ids[r]: state for r, state in by_ref.items() if r in ids}
         mine = {p.page_id for p in probes}
         out: list[Answer] = []
-        need: dict[int, None] = {}
+        need: dict[int, None] = dict.fromkeys(records)  # the decide step asked for them
         waiting = set()
         for p, page_keys, sets, prior, any_read in zip(probes, keys, members, priors, hit,
                                                        strict=True):
@@ -269,13 +276,27 @@ class RedisIndex(SetRounds):
         for p in probes:
             key = self.layout.record_key(p.page_id)
             items.append((nodes[p.page_id % SHARDS], key, (key, self.expire_at(p.page_id)), 1))
+        # Held before the round trip: a lease it gives is renewed from then on.
+        self.leases.hold(p.page_id for p in probes)
         with self._call("register"):
             found = self._rounds(("register", items,
-                                  (LEASE_MS, self.layout.record_buckets)))[0]
+                                  (self.leases.lease_ms, self.layout.record_buckets)))[0]
         for p, (_, _, ref) in zip(probes, found, strict=True):
             self._know(p.page_id, ref)
-        return [decode_decision(record, p.page_id) if record else None
-                for p, (_, record, _) in zip(probes, found, strict=True)]
+        priors = [decode_decision(record, p.page_id) if record else None
+                  for p, (_, record, _) in zip(probes, found, strict=True)]
+        self.leases.drop(p.page_id for p, prior in zip(probes, priors, strict=True)
+                         if prior is not None)
+        return priors
+
+    def release(self, page_ids: Sequence[int]) -> None:
+        """This instance stops deciding these pages (a batch given up): other instances
+        stop waiting for them at once."""
+        self.leases.release(page_ids)
+
+    def interrupt(self) -> None:
+        """A stop: pages waiting for another instance's give up (IndexUnavailable)."""
+        self.interrupted.set()
 
 
     def _wanted(self, answer: Answer) -> list[int]:
@@ -310,6 +331,7 @@ class RedisIndex(SetRounds):
         return 0  # keys expire by themselves (retention_days)
 
     def close(self) -> None:
+        self.leases.close()  # the pages still held are released: nobody waits for them
         self.client.close()
         if self.records is not None:
             self.records.close()

@@ -6,6 +6,7 @@ redis.py holds the protocol; redis_records.py the write path.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
@@ -16,7 +17,6 @@ from .redis_client import ANY, shard_of
 from .redis_layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
 from .redis_records import CACHED_STATES, RecordRounds, _remember
 
-WAIT_S = 30.0  # how long a page waits for an older one another instance is deciding
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 _EMPTY: list[int] = []
 
@@ -25,6 +25,7 @@ class SetRounds(RecordRounds):
     """Rounds on the sets (RedisIndex sets up the state)."""
 
     cap: int
+    interrupted: threading.Event  # a stop: waiting pages give up
     _waiting: dict[int, float]  # page id -> when it first waited
 
     def _read(self, probes: Sequence[Probe], keys: list[list[bytes]], shards: list[list[int]],
@@ -122,19 +123,20 @@ class SetRounds(RecordRounds):
         return states, ids
 
     def _wait(self, waiting: set[int]) -> None:
-        """Pages waiting for an older page decided elsewhere: back off a little (they are
-        asked again next round), longer the longer they wait; after WAIT_S the batch is
-        given up (decided again later)."""
+        """Pages waiting for an older page another instance is deciding: back off a little
+        (they are asked again next round), longer the longer they wait (at most 0.5 s). No
+        time limit: the older page's lease bounds the wait (redis_lease.py), and the oldest
+        page pending never waits. A stop (`interrupted`) gives the batch up."""
         now = time.monotonic()
         self._waiting = {p: self._waiting.get(p, now) for p in waiting}
         if not waiting:
             return
-        waited = now - min(self._waiting.values())
-        if waited > WAIT_S:
+        if self.interrupted.is_set():
             self._waiting = {}
-            raise IndexUnavailable(f"{len(waiting)} pages waited {WAIT_S:.0f} s for older "
+            raise IndexUnavailable(f"stopping: {len(waiting)} pages were waiting for older "
                                    "pages another instance is deciding")
-        time.sleep(min(0.5, 0.01 + waited / 8))
+        waited = now - min(self._waiting.values())
+        self.interrupted.wait(min(0.5, 0.01 + waited / 8))
 
     def _sweep(self, keys: list[list[bytes]], members: list[list[list[int]]],
                states: Mapping[int, str], mine: Collection[int]) -> None:

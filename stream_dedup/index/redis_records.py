@@ -23,6 +23,7 @@ from .redis_layout import (
     encode_decision,
     encode_doc,
 )
+from .redis_lease import Leases
 
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 CACHED_REFS = 200_000  # refs known (of the pages decided here and of those seen)
@@ -36,6 +37,7 @@ class RecordRounds(ScriptClient):
     """Rounds on the pages' records (RedisIndex sets up the state)."""
 
     layout: Layout
+    leases: Leases  # the pages this instance is deciding, their leases renewed
     retention_s: int
     _unkept: OrderedDict[int, None]  # written to the records store, not kept yet
     _final: OrderedDict[int, tuple[str, int]]  # by ref: final state, page id
@@ -143,6 +145,9 @@ class RecordRounds(ScriptClient):
             replies = self._rounds(("finish", items, (self.listpack_value,)),
                                    ("leave", leave, ()))[0]
         leave, unkept = [], []
+        self.leases.drop(claims[i].probe.page_id for i, reply in zip(which, replies,
+                                                                      strict=True)
+                         if reply in (b"ok", "ok"))
         for i, reply in zip(which, replies, strict=True):
             c = claims[i]
             won[i] = reply in (b"ok", "ok")

@@ -12,7 +12,15 @@ the batch is tried again once the client knows the new owner).
 from __future__ import annotations
 
 from .redis_lua import _COMMON, _FLAGS, source
-from .redis_record_scripts import _FINISH, _PEEK, _RECORDS, _REGISTER, _RETIRE
+from .redis_record_scripts import (
+    _FINISH,
+    _PEEK,
+    _RECORDS,
+    _REGISTER,
+    _RELEASE,
+    _RENEW,
+    _RETIRE,
+)
 
 # A set bucket is a string: 'n', then entries of <field><ref>, or 'e' and when it is swept
 # next (4 bytes, epoch s), then entries of <field><ref><expiry (4 bytes, epoch s, 0: never)>
@@ -244,4 +252,5 @@ return 0
 
 SCRIPTS = {name: source(src) for name, src in {
     "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS}.items()}
+    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "renew": _RENEW,
+    "release": _RELEASE}.items()}

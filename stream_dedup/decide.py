@@ -18,8 +18,9 @@ recrawl, compared with that version first:
     otherwise a new version: the checks above, against every page but that version;
         a drop names the other URL's page (and `previous`); a keep is "changed" and
         replaces the version (Verdict.replaces) in the index
-    a WARC revisit record: "unchanged" against the version of the URL it refers to, else
-        rejected ("revisit-unknown")
+    a WARC revisit record: "unchanged" against the version of the URL it refers to; rejected
+        "revisit-unknown" when there is none, "revisit-mismatch" when the capture it
+        refers to is older than that version (which replaced its payload)
     a fetch older than the URL's version and not the same (by page id, when ids are
         input positions, which sort by time): drop "superseded" (it arrived late: another
         partition, an instance behind); the newer version stays
@@ -190,17 +191,48 @@ def _unchanged(a: Analysis, v: Verdict, prev: StoredDoc, match: str) -> Verdict:
 
 
 def _revisit(a: Analysis, version: int | None, docs: BatchDocs, overlay: Overlay) -> Verdict:
+    """A WARC revisit record says "the payload of the capture of WARC-Refers-To-Target-URI
+    at WARC-Refers-To-Date". `unchanged` against that URL's version held, unless the capture
+    it refers to is older than that version (by more than a second: a WARC-Date may have
+    whole seconds): the version held replaced that capture's payload, so the record is not
+    that version again, and, without a body, cannot be analysed as a new one -> reject
+    `revisit-mismatch`, naming both captures (a record that arrives late, or a URL back to
+    an earlier payload). No date on either side to compare: `unchanged`. The payload
+    digests are not compared: the index does not hold its versions' digests."""
     page = a.page
     assert page.revisit is not None
+    what = f"a revisit record ({page.revisit.profile.rsplit('/', 1)[-1]})"
+    uri = page.revisit.refers_to_uri or page.url
     if version is None:
-        uri = page.revisit.refers_to_uri or page.url
         return Verdict(Decision(
             page.url, "reject", "revisit-unknown", source=page.source,
             fetched_at=page.fetched_at,
-            error=f"a revisit record ({page.revisit.profile.rsplit('/', 1)[-1]}) refers to "
-                  f"{uri}, of which the index holds no version"))
-    return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), docs[version],
-                      "revisit")
+            error=f"{what} refers to {uri}, of which the index holds no version"))
+    prev = docs[version]
+    refers, held = _capture_time(page.revisit.refers_to_date), _capture_time(prev.fetched_at)
+    if refers is not None and held is not None and refers < held - 1.0:
+        return Verdict(Decision(
+            page.url, "reject", "revisit-mismatch", source=page.source,
+            fetched_at=page.fetched_at, previous=previous_of(prev),
+            error=f"{what} of {page.url} (payload {page.payload_digest or 'without a digest'}) "
+                  f"refers to the capture of {uri} at {page.revisit.refers_to_date}, older "
+                  f"than the version the index holds (page {prev.page_id}, fetched "
+                  f"{prev.fetched_at}), which replaced it: not that version's payload"))
+    return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, "revisit")
+
+
+def _capture_time(value: str | None) -> float | None:
+    """A capture's time (a WARC-Date, a page's fetched_at) in POSIX seconds, UTC when it
+    names no zone; None when absent or not ISO 8601 (then nothing is compared)."""
+    from datetime import UTC, datetime
+
+    try:
+        when = datetime.fromisoformat(value.strip()) if value else None
+    except ValueError:
+        return None
+    if when is None:
+        return None
+    return (when if when.tzinfo is not None else when.replace(tzinfo=UTC)).timestamp()
 
 
 def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: BatchDocs,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import random
+from dataclasses import replace
 from pathlib import Path
 
 from stream_dedup import Deduplicator, Page, Settings
@@ -208,3 +209,102 @@ def test_the_url_map_survives_a_restart(tmp_path: Path) -> None:
     assert _reason(third.check(Page("http://q/1", _html(a)))) == ("keep", "unique")
     assert _reason(third.check(Page("http://p/1", _html(b)))) == ("drop", "unchanged")
     third.close()
+
+
+REVISIT = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
+
+
+def test_a_revisit_of_a_capture_older_than_the_version_held(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """A revisit says "the payload of the capture at WARC-Refers-To-Date": when the version
+    held is a newer capture (it replaced that one), the revisit is not that version again:
+    rejected `revisit-mismatch`, naming both captures. The capture held, or a later one (an
+    `unchanged` fetch, not held), or no date to compare: `unchanged`, as before."""
+    rng = random.Random(10)
+    v1, v2 = (_html([rng.choice(WORDS) for _ in range(250)]) for _ in range(2))
+    url = "http://r/1"
+
+    def revisit(refers_date: str | None, at: str = "2026-05-01T00:00:00Z") -> Page:
+        return Page(url, b"", fetched_at=at, payload_digest="sha1:OLDPAYLOAD",
+                    revisit=Revisit(REVISIT, url, refers_date))
+
+    pages = [Page(url, v1, fetched_at="2026-01-01T00:00:00Z"),
+             Page(url, v2, fetched_at="2026-03-01T00:00:00Z"),
+             revisit("2026-01-01T00:00:00Z"),  # v1's capture, replaced by v2's
+             revisit("2026-02-28T23:59:58Z"),  # before v2's too
+             revisit("2026-03-01T00:00:00Z"),  # v2's capture
+             revisit("2026-03-01T00:00:00.400Z"),  # the same, at another precision
+             revisit("2026-03-01T00:00:00+00:00"),
+             revisit("2026-04-01T00:00:00Z"),  # a later capture: v2 unchanged
+             revisit(None),  # no date to compare: as before
+             revisit("2026-01-01T00:00:00Z", at="2026-02-01T00:00:00Z")]  # late, and old
+    for batch in (1, len(pages)):
+        dd = make_dedup()
+        out = [d for i in range(0, len(pages), batch) for d in dd.check_batch(pages[i : i + batch])]
+        assert [_reason(d) for d in out] == [
+            ("keep", "unique"), ("keep", "changed"),
+            ("reject", "revisit-mismatch"), ("reject", "revisit-mismatch"),
+            ("drop", "unchanged"), ("drop", "unchanged"), ("drop", "unchanged"),
+            ("drop", "unchanged"), ("drop", "unchanged"), ("reject", "revisit-mismatch")]
+        held = out[1]
+        for d in out[2:]:
+            assert d.previous is not None and d.previous.page_id == held.page_id
+            assert d.previous.fetched_at == "2026-03-01T00:00:00Z"
+        mismatch = out[2]
+        assert mismatch.cluster is None and mismatch.payload_digest is None
+        assert mismatch.error is not None
+        for said in ("2026-01-01T00:00:00Z", "2026-03-01T00:00:00Z", "sha1:OLDPAYLOAD", url):
+            assert said in mismatch.error, mismatch.error
+        assert out[4].previous is not None and out[4].previous.match == "revisit"
+        assert len(dd.index) == 1
+
+
+def test_real_revisit_records(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """The corpus's revisit records whose URL has an HTML capture in the same file refer to
+    that capture (its WARC-Date, its payload digest): `unchanged`. The same records, once a
+    newer capture of the URL is held: `revisit-mismatch`."""
+    import pytest
+
+    from stream_dedup.sources.files import iter_inputs
+
+    corpus = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
+    files = [corpus / f for f in ("warcio-edgecases/example.warc.gz",
+                                  "warc2zim/example-revisit.warc.gz", "pywb/dupes.warc.gz")]
+    if not all(f.is_file() for f in files):
+        pytest.skip(f"no corpus at {corpus}")
+    checked = 0
+    for path in files:
+        pages = [p for p in iter_inputs([str(path)]) if isinstance(p, Page)]
+        dd = make_dedup()
+        held: dict[str, Decision] = {}
+        revisits = []
+        for page in pages:
+            d = dd.check(page)
+            if page.revisit is None:
+                if d.decision == "keep":
+                    held[page.url] = d
+                continue
+            refers = page.revisit.refers_to_uri or page.url
+            if refers not in held:
+                assert _reason(d) == ("reject", "revisit-unknown")  # its capture is no HTML
+                continue
+            assert _reason(d) == ("drop", "unchanged"), (path.name, d)
+            assert d.previous is not None and d.previous.match == "revisit"
+            assert d.previous.fetched_at == page.revisit.refers_to_date
+            assert d.payload_digest == page.payload_digest
+            revisits.append(page)
+        assert revisits, path
+        # a newer capture of each URL, with other content, replaces the version held; the
+        # same records again (not from the same input position: a re-delivery is answered
+        # with its first decision)
+        for i, page in enumerate(revisits):
+            assert page.revisit is not None and page.revisit.refers_to_date is not None
+            newer = dd.check(Page(page.revisit.refers_to_uri or page.url,
+                                  b"<p>" + f"another release {i} ".encode() * 40,
+                                  fetched_at="2030-01-01T00:00:00Z"))
+            assert _reason(newer) == ("keep", "changed"), newer
+            again = dd.check(replace(page, source=None, position=None))
+            assert _reason(again) == ("reject", "revisit-mismatch"), (path.name, again)
+            assert again.error is not None and page.revisit.refers_to_date in again.error
+            assert again.previous is not None and again.previous.page_id == newer.page_id
+            checked += 1
+    assert checked >= 3

@@ -51,7 +51,7 @@ import benchlib
 from benchlib import header, table
 
 sys.path.insert(0, str(benchlib.REPO / "tests"))
-from churnkit import MODES, Config, Result, campaign, crawl, problems, summary  # noqa: E402
+from churnkit import MODES, Config, Result, campaign, crawl, problems  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -88,6 +88,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--logs", type=Path, metavar="DIR",
                     help="keep the instances' logs here (default: a new temporary directory)")
     ap.add_argument("--keep-topics", action="store_true", help="do not delete the topics")
+    ap.add_argument("--code", type=Path, default=benchlib.REPO, metavar="DIR",
+                    help="a checkout (or a copy of its stream_dedup/ with the built kernels) "
+                    "whose code the instances run: PYTHONPATH=DIR, from DIR (default: this "
+                    "checkout; a snapshot keeps others' edits in progress out of a run)")
     args = ap.parse_args(argv)
     if args.instances < 1 or args.pages < 8 or args.rounds < 1 or args.partitions < 4:
         ap.error("--instances and --rounds must be >= 1, --pages >= 8, --partitions >= 4")
@@ -95,6 +99,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.produce_s = args.churn_s * 2 / 3 if args.produce_s is None else args.produce_s
     args.seed = args.seed if args.seed is not None else int(time.time()) % 100_000
     return args
+
+
+def summary(r: Result) -> str:
+    """One paragraph of what a campaign saw."""
+    c = r.counts()
+    terms = ", ".join(f"{t.name}{'*' if t.final else ''} rc {t.rc} in "
+                      + ("HUNG" if t.seconds is None else f"{t.seconds:.1f} s") for t in r.terms)
+    fin = "NOT FINISHED" if r.finish_s is None else f"{r.finish_s:.1f} s"
+    rate = "-" if r.rate is None else f"{r.rate:.1f}"
+    lat = ["-" if x is None else f"{x:.1f}" for x in (r.latency(q) for q in (50, 99, 100))]
+    return (f"{r.mode} {'churn' if r.churn else 'still'} seed {r.seed}: {r.pages} pages, "
+            f"{c['kills']} kills, {c['terms']} terms, {c['joins']} joins"
+            + (f", died {r.died}" if r.died else "") + f"; produced in {r.produced_s:.1f} s; "
+            f"done {fin} after {'the churn' if r.churn else 'the last page'} "
+            f"({rate} pages/s from the first page; page to decision p50 {lat[0]} p99 "
+            f"{lat[1]} max {lat[2]} s); decided {r.decided}, missing {r.missing}, "
+            f"repeated {r.repeated}, changed {r.changed}, keeps {r.keeps}, kept missing "
+            f"{r.kept_missing} extra {r.kept_extra} repeats {r.kept_repeats}, dangling drops "
+            f"{r.dangling}, double keeps {r.double_keeps}; "
+            f"logs: {dict(r.bad_lines) or 'clean'}; SIGTERMs (* final): {terms or 'none'}")
 
 
 def terms(r: Result) -> str:
@@ -116,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"seed {args.seed} (rounds use {args.seed}..{args.seed + args.rounds - 1}); "
           f"{args.instances} instances (at most {args.max_members}), {args.partitions} "
           f"partitions, {args.pages} pages produced over {args.produce_s:g} s, churn "
-          f"{args.churn_s:g} s, --batch-size {args.batch_size}; logs in {logs}\n", flush=True)
+          f"{args.churn_s:g} s, --batch-size {args.batch_size}; instances run {args.code}; "
+          f"logs in {logs}\n", flush=True)
     rows, failed = [], []
     notes: dict[str, Counter[str]] = {m: Counter() for m in modes}
     started = time.monotonic()
@@ -127,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = Config(args.bootstrap, args.redis_url, mode, items, args.partitions, logs,
                          seed, instances=args.instances, max_members=args.max_members,
                          churn_s=args.churn_s, produce_s=args.produce_s,
-                         batch_size=args.batch_size, finish_limit_s=args.finish_limit)
+                         batch_size=args.batch_size, finish_limit_s=args.finish_limit,
+                         code=args.code.resolve())
             runs: dict[bool, Result] = {}
             for churn in ([False, True] if rnd % 2 else [True, False]):
                 r = runs[churn] = campaign(cfg, churn=churn, delete=not args.keep_topics)
@@ -148,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{counts['joins']}", terms(c) or "–", fmt(c.finish_s),
                          fmt(s.finish_s), fmt(c.rate), fmt(s.rate),
                          fmt(c.rate / s.rate if c.rate and s.rate else None, "{:.2f}"),
+                         f"{fmt(c.latency(99))}/{fmt(s.latency(99))}",
+                         f"{fmt(c.latency(100))}/{fmt(s.latency(100))}",
                          f"{c.missing}/{s.missing}", f"{c.repeated}/{s.repeated}",
                          f"{c.kept_missing + c.kept_extra}/{s.kept_missing + s.kept_extra}",
                          f"{c.dangling}/{s.dangling}", f"{c.double_keeps}/{s.double_keeps}",
@@ -156,12 +184,15 @@ def main(argv: list[str] | None = None) -> int:
     print("\n### Churn against still (cells churn/still where two)\n")
     print(table(["round", "seed", "mode", "kills/terms/joins", "SIGTERM: rc, s to exit (* at "
                  "the end)", "done s after churn", "still: s after last page",
-                 "pages/s churn", "pages/s still", "churn/still", "missing", "repeated",
+                 "pages/s churn", "pages/s still", "churn/still", "p99 page to decision s",
+                 "max page to decision s", "missing", "repeated",
                  "kept topic wrong", "dangling drops", "double keeps", "bad log lines",
                  "problems"], rows, right=False))
     print("\n(done s after churn: from the churn's end to the last decision visible to a "
-          "read_committed reader, '–': not within --finish-limit; pages/s: pages / seconds "
-          "from the first page produced to the last decision, production paced over "
+          "read_committed reader (its CreateTime), '–': not within --finish-limit, 0: before "
+          "the churn ended; pages/s: pages / seconds from the first page produced to the last "
+          "decision; page to decision: a page's CreateTime to its first visible decision's; "
+          "production paced over "
           f"{args.produce_s:g} s in both runs)")
     print("\nWARNING/ERROR lines of the instances' logs (numbers as N), by mode:")
     for mode in modes:

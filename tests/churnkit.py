@@ -73,34 +73,27 @@ def topics(tag: str) -> dict[str, str]:
             "dead": f"{tag}-dead", "group": f"{tag}-group", "tag": tag}
 
 
-def create_topics(bootstrap: str, t: dict[str, str], partitions: int) -> None:
+def admin(bootstrap: str, t: dict[str, str], partitions: int = 0) -> None:
+    """Create the topics (the input with `partitions`), or (0) delete them, best effort."""
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
     async def go() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
+        client = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await client.start()
         try:
-            await admin.create_topics([NewTopic(t["input"], partitions, 1)] + [
-                NewTopic(t[k], 1, 1) for k in ("decisions", "kept", "dead")])
+            if partitions:
+                await client.create_topics([NewTopic(t["input"], partitions, 1)] + [
+                    NewTopic(t[k], 1, 1) for k in ("decisions", "kept", "dead")])
+            else:
+                await client.delete_topics([t[k] for k in ("input", "decisions", "kept",
+                                                           "dead")])
         finally:
-            await admin.close()
-    asyncio.run(asyncio.wait_for(go(), 60))
-
-
-def delete_topics(bootstrap: str, t: dict[str, str]) -> None:
-    """Best effort (the broker is shared)."""
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    async def go() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([t[k] for k in ("input", "decisions", "kept", "dead")])
-        finally:
-            await admin.close()
+            await client.close()
     try:
-        asyncio.run(asyncio.wait_for(go(), 30))
-    except Exception as exc:  # noqa: BLE001
+        asyncio.run(asyncio.wait_for(go(), 60))
+    except Exception as exc:
+        if partitions:
+            raise
         print(f"(topics of {t['tag']} not deleted: {exc!r})", file=sys.stderr)
 
 
@@ -118,6 +111,7 @@ class Producer(threading.Thread):
     def __init__(self, bootstrap: str, topic: str, items: list[Item], seconds: float) -> None:
         super().__init__(daemon=True)
         self.args, self.error, self.done_at = (bootstrap, topic, items, seconds), "", 0.0
+        self.sent_ms: dict[str, int] = {}  # source (topic/partition/offset) -> CreateTime
 
     def run(self) -> None:
         try:
@@ -140,18 +134,20 @@ class Producer(threading.Thread):
                 acks = [await producer.send(topic, json.dumps(
                     {"url": it.url, "html": it.html.decode()}).encode(), it.url.encode(),
                     partition=it.partition) for it in items[s::slices]]
-                await asyncio.wait_for(asyncio.gather(*acks), 60)
+                for meta in await asyncio.wait_for(asyncio.gather(*acks), 60):
+                    self.sent_ms[f"{topic}/{meta.partition}/{meta.offset}"] = meta.timestamp
         finally:
             await producer.stop()
 
 
 # --- instances ----------------------------------------------------------------------------
 class Instance:
-    def __init__(self, name: str, cmd: list[str], log: Path) -> None:
-        self.name, self.log = name, log
+    def __init__(self, name: str, cmd: list[str], log: Path, code: Path) -> None:
+        self.name, self.log, self.started = name, log, time.monotonic()
         self.fh = open(log, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=self.fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=REPO)
+                                     start_new_session=True, cwd=code,
+                                     env={**os.environ, "PYTHONPATH": str(code)})
         self.signalled: str = ""  # "kill", "term", "final" (the SIGTERM at the end)
         self.term_at = 0.0
 
@@ -181,6 +177,7 @@ class Term:
     name: str
     at: float  # seconds after the first page was produced
     final: bool  # the SIGTERM at the end, not one of the churn's
+    age: float  # seconds since the member was started
     rc: int | None = None
     seconds: float | None = None  # None: not gone within TERM_BOUND_S (then SIGKILLed)
 
@@ -199,6 +196,7 @@ class Result:
     produced_s: float = 0.0  # first page produced -> last page acknowledged
     churn_end_s: float = 0.0
     done_s: float | None = None  # first page produced -> every decision out
+    latency_ms: list[int] = field(default_factory=list)  # page CreateTime -> its decision's
     decided = records = repeated = changed = rejects = keeps = 0
     kept_missing = kept_extra = kept_repeats = dangling = double_keeps = 0
     bad_lines: Counter[str] = field(default_factory=Counter)
@@ -219,6 +217,11 @@ class Result:
     def rate(self) -> float | None:
         return None if not self.done_s else self.pages / self.done_s
 
+    def latency(self, q: float) -> float | None:
+        """Seconds from a page's CreateTime to its decision's, percentile q (100: max)."""
+        xs = sorted(self.latency_ms)
+        return xs[min(len(xs) - 1, int(q / 100 * len(xs)))] / 1000 if xs else None
+
     def counts(self) -> dict[str, int]:
         return {"kills": sum(e[1] == "kill" for e in self.events),
                 "terms": sum(e[1] == "term" for e in self.events),
@@ -227,7 +230,10 @@ class Result:
 
 def problems(r: Result, finish_bound: float = FINISH_TARGET_S) -> list[str]:
     """What the campaign must never show, one line each (empty: all held)."""
-    out = [r.setup_error] if r.setup_error else []
+    if r.setup_error:
+        return [r.setup_error] + [f"{n} x '{line}' in the logs" for line, n in
+                                  r.bad_lines.items()]
+    out = []
     if r.done_s is None:
         out.append(f"not finished: {r.decided} of {r.pages} pages decided, the last check "
                    "at the finish limit")
@@ -246,10 +252,12 @@ def problems(r: Result, finish_bound: float = FINISH_TARGET_S) -> list[str]:
         out.append(f"{r.kept_repeats} kept pages repeated (exactly-once)")
     for t in r.terms:
         if t.seconds is None:
-            out.append(f"{t.name} (SIGTERM at {t.at:.1f} s{', final' if t.final else ''}) "
-                       f"did not exit within {TERM_BOUND_S:.0f} s")
+            out.append(f"{t.name} (SIGTERM at {t.at:.1f} s{', final' if t.final else ''}, "
+                       f"{t.age:.1f} s after its start) did not exit within "
+                       f"{TERM_BOUND_S:.0f} s")
         elif t.rc != 0:
-            out.append(f"{t.name} exited {t.rc} after SIGTERM ({t.seconds:.1f} s)")
+            out.append(f"{t.name} exited {t.rc} {t.seconds:.1f} s after SIGTERM (sent "
+                       f"{t.age:.1f} s after its start)")
     out += [f"{name} exited by itself with rc {rc}" for name, rc in r.died]
     out += [f"{n} x '{line}' in the logs" for line, n in r.bad_lines.items()]
     return out
@@ -271,6 +279,7 @@ class Config:
     produce_s: float = 14.0
     batch_size: int = 50
     finish_limit_s: float = 120.0  # the most to wait for the last decision after the churn
+    code: Path = REPO  # the checkout whose stream_dedup the instances run
     assign_limit_s: float = 120.0
 
 
@@ -283,7 +292,7 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
     logs = cfg.logs / t["tag"]
     logs.mkdir(parents=True)
     res = Result(cfg.mode, churn, cfg.seed, len(cfg.items), logs)
-    create_topics(cfg.bootstrap, t, cfg.partitions)
+    admin(cfg.bootstrap, t, cfg.partitions)
     cmd = [sys.executable, "-m", "stream_dedup", "serve", "--bootstrap-servers", cfg.bootstrap,
            "--input-topic", t["input"], "--decisions-topic", t["decisions"], "--kept-topic",
            t["kept"], "--dead-letter-topic", t["dead"], "--group-id", t["group"],
@@ -292,10 +301,10 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
     rng = random.Random(cfg.seed)
     members: list[Instance] = []
     producer: Producer | None = None
-    t0 = 0.0
+    t0 = t0_wall = 0.0
 
     def join() -> Instance:
-        m = Instance(f"i{len(members)}", cmd, logs / f"i{len(members)}.log")
+        m = Instance(f"i{len(members)}", cmd, logs / f"i{len(members)}.log", cfg.code)
         members.append(m)
         return m
 
@@ -318,7 +327,7 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
 
     def terminate(m: Instance, now: float, final: bool) -> None:
         m.signalled, m.term_at = ("final" if final else "term"), now
-        res.terms.append(Term(m.name, now - t0, final))
+        res.terms.append(Term(m.name, now - t0, final, now - m.started))
         m.signal(signal.SIGTERM)
 
     def pending() -> bool:
@@ -333,7 +342,7 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
                                    f"{cfg.assign_limit_s:.0f} s (or one exited)")
                 return res
             time.sleep(0.3)
-        t0 = time.monotonic()
+        t0, t0_wall = time.monotonic(), time.time()
         producer = Producer(cfg.bootstrap, t["input"], cfg.items, cfg.produce_s)
         producer.start()
         next_event, churn_end = t0 + rng.uniform(2, 5), t0 + (cfg.churn_s if churn else 0)
@@ -374,7 +383,6 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
                        for m in read_topic(cfg.bootstrap, t["decisions"])}
             res.decided = len(decided)
             if res.decided >= res.pages:
-                res.done_s = time.monotonic() - t0
                 break
             time.sleep(1.0)
         now = time.monotonic()
@@ -389,23 +397,32 @@ def campaign(cfg: Config, churn: bool = True, delete: bool = False) -> Result:
             m.close()
         if producer is not None:
             producer.join(timeout=60)
-        check(cfg, t, res, members)
+        check(cfg, t, res, members, producer.sent_ms if producer else {}, t0_wall)
         if delete:
-            delete_topics(cfg.bootstrap, t)
+            admin(cfg.bootstrap, t)
     return res
 
 
-def check(cfg: Config, t: dict[str, str], res: Result, members: list[Instance]) -> None:
-    """The topics and the logs, counted into `res`."""
+def check(cfg: Config, t: dict[str, str], res: Result, members: list[Instance],
+          sent_ms: dict[str, int], t0_wall: float) -> None:
+    """The topics and the logs, counted into `res`. Times from the decisions' CreateTime
+    (when the instance sent them; exactly-once: the copy a read_committed reader sees)."""
     by_url = {it.url: it for it in cfg.items}
-    decisions = [json.loads(m["payload"]) for m in read_topic(cfg.bootstrap, t["decisions"])]
+    messages = read_topic(cfg.bootstrap, t["decisions"])
+    decisions = [json.loads(m["payload"]) for m in messages]
     first: dict[str, dict[str, Any]] = {}
     seen: dict[str, set[tuple[Any, ...]]] = {}
-    for d in decisions:
-        first.setdefault(d["source"], d)
+    for m, d in zip(messages, decisions, strict=True):
+        if d["source"] not in first:
+            first[d["source"]] = d
+            if d["source"] in sent_ms:
+                res.latency_ms.append(m["ts"] - sent_ms[d["source"]])
+                d["_ts"] = m["ts"]
         seen.setdefault(d["source"], set()).add(
             (d["decision"], d["reason"], json.dumps(d["duplicate_of"])))
     res.records, res.decided = len(decisions), len(first)
+    if res.decided >= res.pages and t0_wall:
+        res.done_s = max(d.get("_ts", 0) for d in first.values()) / 1000 - t0_wall
     res.repeated = res.records - res.decided
     res.changed = sum(len(v) > 1 for v in seen.values())
     res.rejects = sum(d["decision"] == "reject" for d in first.values())
@@ -478,21 +495,3 @@ def scan_logs(members: list[Instance], res: Result) -> tuple[Counter[str], Count
         if m.name in failed:
             parts.append(f"--- last lines of {m.name}.log:\n" + "\n".join(lines[-60:]))
     return notes, bad, "\n".join(parts)[-20000:]
-
-
-def summary(r: Result) -> str:
-    """One paragraph of what a campaign saw."""
-    c = r.counts()
-    terms = ", ".join(f"{t.name}{'*' if t.final else ''} rc {t.rc} in "
-                      + ("HUNG" if t.seconds is None else f"{t.seconds:.1f} s") for t in r.terms)
-    fin = "NOT FINISHED" if r.finish_s is None else f"{r.finish_s:.1f} s"
-    rate = "-" if r.rate is None else f"{r.rate:.1f}"
-    return (f"{r.mode} {'churn' if r.churn else 'still'} seed {r.seed}: {r.pages} pages, "
-            f"{c['kills']} kills, {c['terms']} terms, {c['joins']} joins"
-            + (f", died {r.died}" if r.died else "") + f"; produced in {r.produced_s:.1f} s; "
-            f"done {fin} after {'the churn' if r.churn else 'the last page'} "
-            f"({rate} pages/s from the first page); decided {r.decided}, missing {r.missing}, "
-            f"repeated {r.repeated}, changed {r.changed}, keeps {r.keeps}, kept missing "
-            f"{r.kept_missing} extra {r.kept_extra} repeats {r.kept_repeats}, dangling drops "
-            f"{r.dangling}, double keeps {r.double_keeps}; "
-            f"logs: {dict(r.bad_lines) or 'clean'}; SIGTERMs (* final): {terms or 'none'}")

@@ -22,7 +22,6 @@ from collections import Counter, OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from time import perf_counter
 from typing import Any
 
 from .analysis import AnalysisPool, Analyzer, canonical_fingerprint, raw_fingerprint
@@ -31,17 +30,15 @@ from .core.urls import UrlKeys
 from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
 from .index import index_for
-from .index.base import WAIT, Change, Claim, FeatureIndex, Plan, Probe
+from .index.base import Change, FeatureIndex, Plan
 from .memo import Memo, analyse_batch
 from .models import Decision, Page, Rejected
 from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
+from .rounds import _probe, decide_in_rounds
 
 log = logging.getLogger("stream_dedup")
 __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
            "StageTimes", "canonical_fingerprint", "raw_fingerprint", "verify_outcome"]
-# Rounds of one batch with a claim lost before it is given up: a shared index loses a claim
-# only to a concurrent instance, so a few such rounds are the rule.
-MAX_ROUNDS = 50
 # The analyses a Deduplicator remembers (a quarter of a replay process's: this one lives as
 # long as the service, next to its index): ~3 KB each and their shingle sets.
 MEMO_PAGES, MEMO_BYTES = 1024, 16 << 20
@@ -57,12 +54,6 @@ def _with_carried(items: Sequence[Page | Rejected], out: list[Decision | None]
         if item.carried:
             decided[i] = replace(decided[i], carried=item.carried)
     return decided
-
-
-def _probe(a: Analysis, page_id: int, url_key: int) -> Probe:
-    """What a page asks the index: exact layers only unless it has features."""
-    canonical = a.canonical_fp if a.text_length > 0 else None
-    return Probe(page_id, a.raw_fp, canonical, a.features, url_key)
 
 
 @dataclass
@@ -200,7 +191,7 @@ class Deduplicator:
                                  [p for _, p in pages], fps, stored, pool, ready)
         with self.lock:
             try:
-                self._decide(pages, ids, analyses, out, times, fresh, ready)
+                decide_in_rounds(self, pages, ids, analyses, out, times, fresh, ready)
             except IndexUnavailable:
                 # The same pages will come again (the runner retries the batch): they keep
                 # their ids, or a shared index would see them as other pages than the ones
@@ -260,84 +251,6 @@ class Deduplicator:
             raise ValueError(f"this AnalysisPool was built with other Settings than this "
                              f"Deduplicator ({', '.join(differ) or 'params'} differ): its "
                              f"analyses would decide differently")
-
-    def _decide(self, pages: list[tuple[int, Page]], ids: list[int], analyses: list[Analysis],
-                out: list[Decision | None], times: list[StageTimes], fresh: list[bool],
-                ready: list[Analysis | None]) -> None:
-        """Ask the index, decide, claim; again for the pages whose claims were lost."""
-        for (i, _), a in zip(pages, analyses, strict=True):
-            if a.error is not None:
-                page = a.page
-                out[i] = Decision(page.url, "reject", a.error.kind, error=a.error.message,
-                                  source=page.source)
-                times[i] = StageTimes(canonical_s=a.canonical_s)
-        todo = [k for k, a in enumerate(analyses) if a.error is None]
-        keys = [self.url_key(a.page) if a.error is None else 0 for a in analyses]
-        contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
-        records: list[int] = []  # records the decide step asked for (Verdict.missing)
-        while todo:
-            started = perf_counter()
-            answers = self.index.lookup([_probe(analyses[k], ids[k], keys[k]) for k in todo],
-                                        records=records)
-            live = []
-            later = []
-            for k, answer in zip(todo, answers, strict=True):
-                if answer.prior == WAIT:
-                    later.append(k)
-                elif answer.prior is not None:  # a shared store decided it before
-                    page = pages[k][1]
-                    out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source,
-                                               fetched_at=page.fetched_at)
-                    fresh[pages[k][0]] = False
-                    self.counters.redelivered += 1
-                    self.observer.redelivered(answer.prior)
-                else:
-                    live.append((k, answer))
-            asked = perf_counter()
-            verdicts = decide_batch([analyses[k] for k, _ in live], [ids[k] for k, _ in live],
-                                    [ans for _, ans in live], self.settings,
-                                    url_keys=[keys[k] for k, _ in live])
-            decided = perf_counter()
-            claims = [Claim(_probe(analyses[k], ids[k], keys[k]), v.doc, v.decision,
-                            v.depends_on, v.replaces, v.replaces_in_batch)
-                      for (k, _), v in zip(live, verdicts, strict=True)]
-            won = self.index.claim(claims)
-            if self.journal is not None:
-                self._journal(claims, won)
-            index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
-            records = [h for v in verdicts for h in v.missing]
-            if records or not all(won):
-                contended += 1
-                if contended > MAX_ROUNDS:
-                    raise IndexUnavailable(
-                        f"claims of this batch were lost in {MAX_ROUNDS} rounds in a row to "
-                        "other instances; the batch is decided again later")
-            todo = later
-            for (k, _), v, ok in zip(live, verdicts, won, strict=True):
-                if v.decision is None and (v.missing or v.deferred):
-                    ok = False  # asked again, with the records it needs
-                elif v.decision is None:  # only fingerprinted, and the stored copy is gone
-                    given = ready[k]
-                    analyses[k] = (self.analyzer.analyze(analyses[k].page) if given is None
-                                   else given)
-                    ok = False
-                if not ok:
-                    todo.append(k)
-                    continue
-                a = analyses[k]
-                out[pages[k][0]] = v.decision
-                times[pages[k][0]] = StageTimes(a.canonical_s, a.sketch_s, index_s, v.verify_s)
-            todo.sort()  # decided in input order, as one process would
-
-    def _journal(self, claims: list[Claim], won: list[bool]) -> None:
-        """Note the kept pages of a claim, with the page id of the version each replaced."""
-        docs = self.index.records()
-        for c, ok in zip(claims, won, strict=True):
-            if ok and c.doc is not None:
-                replaced = (claims[c.replaces_claim].probe.page_id
-                            if c.replaces_claim is not None
-                            else None if c.replaces is None else docs[c.replaces].page_id)
-                self.journal.append(Change(c.doc, replaced))  # type: ignore[union-attr]
 
     def take_journal(self) -> list[Change]:
         """The kept pages since the last call (changelog.py writes them), when journaling."""

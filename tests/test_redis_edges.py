@@ -16,7 +16,6 @@ from stream_dedup import Settings
 from stream_dedup.decide import Analysis, decide_batch
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
-from stream_dedup.index import redis as redis_index
 from stream_dedup.index.base import Claim
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.models import Decision, Page, position_id
@@ -94,17 +93,16 @@ def test_a_batch_that_fills_a_posting_list_still_sees_the_stored_page(url: str,
     assert got["redis"] == got["memory"] == {("drop", "near"): n}
 
 
-def test_members_whose_lease_ran_out_do_not_hide_a_kept_copy(
-        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_members_whose_lease_ran_out_do_not_hide_a_kept_copy(url: str) -> None:
     """An instance registered 40 copies of a short page and died: the copies' leases run
     out, and later copies still find the one that is kept."""
     settings = Settings(index="redis", redis_url=url)
     body = "Page not found"  # short: exact layers only
-    monkeypatch.setattr(redis_index, "LEASE_MS", 1)
     dead = RedisIndex(url, settings.params.stamp)
+    dead.leases.lease_ms = 1
     a = Analyzer(settings).analyze(page("http://x/dead", body))
     dead.lookup([_probe(a, pid, 0) for pid in dead.local_ids(40)])
-    monkeypatch.setattr(redis_index, "LEASE_MS", 60_000)
+    dead.leases.close(release=False)  # killed: nothing renewed, nothing released
     time.sleep(0.05)
     first = Deduplicator(settings).check_batch([page("http://x/a", body)])[0]
     second = Deduplicator(settings).check_batch([page("http://x/b", body)])[0]

@@ -1,19 +1,15 @@
 """A churn campaign: `serve` instances on one Redis index, killed, stopped and added at random.
 
-Used by tests/test_churn.py and bench/churn.py. One call of `campaign` is one group:
-- the crawl (`crawl`): groups of 4 mutual near-duplicates (racekit.group_pages), their
-  members spread over the input topic's partitions, and unique pages, in a seeded order;
-- N `python -m stream_dedup serve --index redis` in one consumer group, each in a session
-  (process group) of its own with its log in the campaign's directory;
-- the pages produced (a producer thread, partition by partition, paced over `produce_s`)
-  while, every 2-5 s for `churn_s`, a member is SIGKILLed or SIGTERMed (the signal goes to
-  its process group, as Kubernetes sends it) or one is added; one member is always left;
-- then the group must decide every page; the members left are SIGTERMed, every one given
-  TERM_BOUND_S to exit (a hung one gets SIGUSR1, which makes it write its threads' stacks
-  to its log, then SIGKILL), and every process group started is SIGKILLed at the end.
-`still=True` runs the same without churn (the comparison). Everything is bounded: a hang
-becomes a `problems` line, never a stuck caller. `check` reads the topics (read_committed)
-and counts what the promises forbid.
+Used by tests/test_churn.py and bench/churn.py. `campaign` runs one group: N `python -m
+stream_dedup serve --index redis` in one consumer group, each in a session (process group)
+of its own, logging to the campaign's directory; the pages of `crawl` produced, paced,
+while every 2-5 s for `churn_s` a member is SIGKILLed or SIGTERMed (to its process group,
+as Kubernetes signals a container) or one is added, one member always left; then the group
+must decide every page, the members left are SIGTERMed, each given TERM_BOUND_S to exit (a
+hung one gets SIGUSR1: its threads' stacks to its log; then SIGKILL), and every process
+group started is SIGKILLed. `churn=False`: the same without churn. Every wait is bounded:
+a hang becomes a `problems` line. `check` reads the topics (read_committed) and counts
+what the promises forbid.
 """
 
 from __future__ import annotations
@@ -451,8 +447,8 @@ def analysis(url: str, html: bytes) -> Any:
         from stream_dedup.models import Page
         from stream_dedup.pipeline import Analyzer
 
-        analyzer = _ANALYSES.setdefault("", Analyzer(Settings()))
-        _ANALYSES[url] = analyzer.analyze(Page(url, html, HTML))
+        _ANALYSES[url] = _ANALYSES.setdefault("", Analyzer(Settings())).analyze(
+            Page(url, html, HTML))
     return _ANALYSES[url]
 
 
@@ -479,12 +475,14 @@ def scan_logs(members: list[Instance], res: Result) -> tuple[Counter[str], Count
     notes: Counter[str] = Counter()
     bad: Counter[str] = Counter()
     parts = []
-    failed = {t.name for t in res.terms if t.rc != 0} | {n for n, _ in res.died}
+    failed = {t.name for t in res.terms if t.rc != 0 or t.seconds is None
+              or (res.done_s is None and t.final)} | {n for n, _ in res.died}
     for m in members:
         lines = m.text().splitlines()
         for i, line in enumerate(lines):
             if " WARNING " in line or " ERROR " in line:
-                text = line.split(" WARNING ", 1)[-1].split(" ERROR ", 1)[-1]
+                text = re.sub(r"churn-[cs]-[a-z]+-\d+-[0-9a-f]+", "<tag>", line.split(
+                    " WARNING ", 1)[-1].split(" ERROR ", 1)[-1])
                 notes[re.sub(r"\d+(\.\d+)?", "N", text)[:160]] += 1
             for b in BAD:
                 if b in line:

@@ -5,7 +5,7 @@ with the retry policy the Kafka edges and the service follow (by aiokafka's `ret
 flag, with backoff; a stop cuts any wait short: runner.py's stop policy); `kafka_edges.py`
 holds the runner's source and sink over these clients.
 
-Four things aiokafka does not do by itself, each reproduced against a real broker:
+Things aiokafka does not do by itself, each reproduced against a real broker:
 
 - **A record it cannot read.** A header key that is not UTF-8 makes aiokafka's record
   reader raise inside `getmany`, for that record on every fetch: the stream stops for good.
@@ -20,13 +20,7 @@ Four things aiokafka does not do by itself, each reproduced against a real broke
   success) and counts it (`stream_dedup_kafka_errors_total{operation="metadata"}`);
   `RateLimitedLog` keeps at most a few lines per message per interval and says how many it
   dropped.
-- **Topics that do not exist.** A broker that creates topics on first use (Kafka's
-  default) logs the client into an ERROR ("not found in cluster metadata") first; one that
-  does not fails the first send. `ensure_topics` creates the missing ones at start, with the
-  broker's defaults (`num.partitions`, `default.replication.factor`), and says so.
-- **Message size limits.** `read_limits` asks the broker for `message.max.bytes` and each
-  output topic's `max.message.bytes` at start, so the runner can shrink an output that would
-  be refused instead of failing the batch (and an idempotent producer) on it.
+- **Topics that do not exist, and message size limits**: kafka_topics.py.
 """
 
 from __future__ import annotations
@@ -34,14 +28,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import aiokafka.producer.sender as sender_module
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka import errors as kafka_errors
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from .config import Settings
@@ -58,6 +50,7 @@ PRODUCER_MAX_REQUEST = 16 * 1024 * 1024  # the client's own cap; the broker's li
 # partition: `bench/exactly_once.py`'s backlog went from 1,115 to 1,952 pages/s with
 # --exactly-once, 1,487 to 2,169 without.)
 DEFAULT_BATCH = 512 * 1024
+STOP_CANCEL_S = 1.0  # how long a client's stop, cancelled, may take to end
 TXN_RETRY_S = 0.002  # a transaction's start refused while the last one ends: asked again
 
 
@@ -130,19 +123,41 @@ def send_now(producer: AIOKafkaProducer) -> None:
 async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float) -> None:
     """Close a client, giving up after `seconds`: with the broker down, a producer's stop
     waits for acknowledgements that cannot come (what was not acknowledged was not
-    committed either, so it is delivered again)."""
+    committed either, so it is delivered again), and a consumer's stop waits for its
+    coordination task, which may be inside a rebalance. Not `wait_for`: it waits for the
+    cancelled stop to end, and a stop that swallows its cancellation never does."""
+    task = asyncio.ensure_future(client.stop())
+    name = type(client).__name__
     try:
-        await asyncio.wait_for(client.stop(), seconds)
-    except (TimeoutError, KafkaError) as exc:
-        log.warning("closing the %s: %s; left behind", type(client).__name__,
-                    type(exc).__name__)
+        await asyncio.wait({task}, timeout=seconds)
     except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=STOP_CANCEL_S)
+    if not task.done():
+        task.add_done_callback(_retrieve)
+        log.warning("closing the %s: not done within %.0f s; left behind", name, seconds)
+    elif task.cancelled():
         # The consumer's stop cancels its fetch tasks and lets that cancellation out when
-        # one of them is in a backoff sleep (broker down); only ours is to be passed on.
-        task = asyncio.current_task()
-        if task is not None and task.cancelling():
-            raise
-        log.warning("closing the %s: its tasks were cancelled", type(client).__name__)
+        # one of them is in a backoff sleep (broker down); or ours, past `seconds`.
+        log.warning("closing the %s: cancelled after %.0f s", name, seconds)
+    elif task.exception() is not None:
+        exc = task.exception()
+        log.warning("closing the %s: %s; left behind", name, type(exc).__name__)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    """Read a finished future's outcome, so that nothing logs "exception was never
+    retrieved" for a future no one waits for any more."""
+    if not future.cancelled():
+        future.exception()
+
+
+def retrieve_later(futures: Iterable[asyncio.Future[Any]]) -> None:
+    for future in futures:
+        future.add_done_callback(_retrieve)
 
 
 # --- retries -----------------------------------------------------------------------------
@@ -154,6 +169,27 @@ def is_retriable(exc: BaseException) -> bool:
     """aiokafka's own flag, plus timeouts and lost connections (which it leaves unflagged)."""
     return bool(getattr(exc, "retriable", False)) or isinstance(
         exc, KafkaTimeoutError | KafkaConnectionError)
+
+
+# Refusals that the same request meets again however often it is made: a service that
+# starts over on one (a transaction's failure, exactly-once) would start over forever.
+# UnknownError: a code this aiokafka does not know (InvalidRecord, 87: a compacted topic
+# refusing a record without a key). Everything else failing a transaction (fenced, timed
+# out, a lost coordinator) is worth a start over.
+FATAL: tuple[type[KafkaError], ...] = (
+    kafka_errors.TopicAuthorizationFailedError, kafka_errors.GroupAuthorizationFailedError,
+    kafka_errors.ClusterAuthorizationFailedError,
+    kafka_errors.TransactionalIdAuthorizationFailed, kafka_errors.AuthenticationFailedError,
+    kafka_errors.SaslAuthenticationFailed, kafka_errors.UnknownError,
+    kafka_errors.CorruptRecordException, kafka_errors.InvalidTopicError,
+    kafka_errors.PolicyViolationError, kafka_errors.UnsupportedVersionError,
+    kafka_errors.UnsupportedForMessageFormatError, kafka_errors.InvalidTransactionTimeout,
+    kafka_errors.InvalidConfigurationError, kafka_errors.IncompatibleBrokerVersion)
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Refused for good: no retry and no start over gets past it (FATAL)."""
+    return isinstance(exc, FATAL)
 
 
 async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event,
@@ -242,120 +278,3 @@ def quiet_aiokafka_logs(on_drop: Callable[[], None] = lambda: None,
             logger.removeFilter(old)
         logger.addFilter(limiter)
     return limiter
-
-
-# --- message size limits ------------------------------------------------------------------
-@dataclass
-class Limits:
-    """The largest message each output topic accepts (bytes, as the broker counts them)."""
-
-    broker: int = DEFAULT_MESSAGE_MAX
-    topics: dict[str, int] = field(default_factory=dict)
-
-    def of(self, topic: str) -> int:
-        return min(self.topics.get(topic, self.broker), PRODUCER_MAX_REQUEST)
-
-    def batch(self, topics: list[str], cap: int = DEFAULT_BATCH) -> int:
-        """The producer's batch size: `cap`, within the smallest limit of the topics."""
-        return max(1024, min([cap, *(self.of(t) for t in topics)]))
-
-
-# --- topics ----------------------------------------------------------------------------------
-TOPIC_ALREADY_EXISTS = 36  # another instance created it meanwhile: as good as created
-
-
-async def ensure_topics(s: Settings, topics: list[str], compacted: Sequence[str] = ()
-                        ) -> list[str]:
-    """Create those of `topics` the cluster does not have, with the broker's default
-    partitions and replication, and those of `compacted` with one partition and
-    cleanup.policy=compact (the index's changelog); the ones created. One that cannot be
-    created (no ACL, an old broker) is logged with what to do, not fatal: the broker may
-    still create it on first use."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
-    try:
-        await asyncio.wait_for(admin.start(), 10)
-        existing = set(await asyncio.wait_for(admin.list_topics(), 10))
-        missing = [t for t in [*topics, *compacted] if t not in existing]
-        if not missing:
-            return []
-        # -1 and no assignment: the broker's num.partitions and default.replication.factor
-        response = await asyncio.wait_for(admin.create_topics([
-            NewTopic(t, 1, -1, replica_assignments={},
-                     topic_configs={"cleanup.policy": "compact"}) if t in compacted else
-            NewTopic(t, -1, -1, replica_assignments={}) for t in missing]), 30)
-        created = []
-        for topic, code, message in response.topic_errors:
-            if code == TOPIC_ALREADY_EXISTS:
-                continue
-            if code == 0:
-                created.append(topic)
-                log.info("created topic %s (the broker's default partitions and replication; "
-                         "to choose them, create it beforehand: kafka-topics.sh --create "
-                         "--topic %s --partitions N ...)", topic, topic)
-            else:
-                log.error("topic %s does not exist and could not be created (error %d: %s); "
-                          "create it with kafka-topics.sh --create --topic %s", topic, code,
-                          message, topic)
-        await _until_led(admin, created)
-        return created
-    except (KafkaError, TimeoutError, OSError) as exc:
-        log.warning("could not check or create the topics %s (%s: %s); the broker creates "
-                    "a missing one on first use if it allows it", ", ".join(topics),
-                    type(exc).__name__, exc)
-        return []
-    finally:
-        try:
-            await asyncio.wait_for(admin.close(), 5)
-        except (KafkaError, TimeoutError):
-            pass
-
-
-async def _until_led(admin: AIOKafkaAdminClient, topics: list[str]) -> None:
-    """Wait until every partition of `topics` (just created) has a leader: consumed before,
-    the first offset lookup fails with NotLeaderForPartition and aiokafka logs an ERROR."""
-    deadline = asyncio.get_running_loop().time() + 10.0
-    while topics and asyncio.get_running_loop().time() < deadline:
-        described = await asyncio.wait_for(admin.describe_topics(topics), 5)
-        if len(described) == len(topics) and all(
-                t["error_code"] == 0 and t["partitions"] and all(
-                    p["error_code"] == 0 and p["leader"] >= 0 for p in t["partitions"])
-                for t in described):
-            return
-        await asyncio.sleep(0.1)
-
-
-async def read_limits(s: Settings, topics: list[str]) -> Limits:
-    """`message.max.bytes` of the broker and `max.message.bytes` of each topic that exists
-    (a topic created later on first use gets the broker's). Kafka's defaults if the broker
-    will not say (an ACL, an old broker): logged, not fatal."""
-    limits = Limits()
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
-    try:
-        await asyncio.wait_for(admin.start(), 10)
-        cluster = await asyncio.wait_for(admin.describe_cluster(), 10)
-        resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None})
-                     for t in topics]
-        brokers = cluster.get("brokers") or []
-        if brokers:
-            resources.append(ConfigResource(ConfigResourceType.BROKER,
-                                            str(brokers[0]["node_id"]),
-                                            {"message.max.bytes": None}))
-        for response in await asyncio.wait_for(admin.describe_configs(resources), 10):
-            for res in response.to_object()["resources"]:
-                if res["error_code"]:
-                    continue
-                for entry in res["config_entries"]:
-                    value = int(entry["config_value"])
-                    if res["resource_type"] == ConfigResourceType.BROKER:
-                        limits.broker = value
-                    else:
-                        limits.topics[res["resource_name"]] = value
-    except (KafkaError, TimeoutError, OSError, ValueError, KeyError) as exc:
-        log.warning("could not read the broker's message size limits (%s: %s); assuming "
-                    "Kafka's default %d bytes", type(exc).__name__, exc, DEFAULT_MESSAGE_MAX)
-    finally:
-        try:
-            await asyncio.wait_for(admin.close(), 5)
-        except (KafkaError, TimeoutError):
-            pass
-    return limits

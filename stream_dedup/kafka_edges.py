@@ -50,7 +50,8 @@ from .config import Settings
 from .edges import Batch
 from .errors import KafkaDeliveryError
 from .index.base import FeatureIndex
-from .kafka_client import MAX_BACKOFF_S, Limits, is_retriable, retry, send_now, stop_within
+from .kafka_client import MAX_BACKOFF_S, is_retriable, retry, send_now, stop_within
+from .kafka_topics import Limits
 from .metrics import Metrics
 from .models import Decision, Page, Rejected, position_id
 from .runner import STOP_GRACE_S, Abandoned, pause

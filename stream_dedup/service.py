@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -30,27 +29,21 @@ from .errors import StreamDedupError
 from .http.app import ApiState, Check, app_runner, build_app
 from .kafka_client import (
     DEFAULT_BATCH,
-    Limits,
-    ensure_topics,
     make_consumer,
     make_producer,
     quiet_aiokafka_logs,
-    read_limits,
     retry,
     stop_within,
 )
 from .kafka_edges import KafkaSink, KafkaSource
+from .kafka_topics import Limits, check_changelog, ensure_topics, read_limits
 from .metrics import Metrics
 from .pipeline import AnalysisPool, Deduplicator
+from .restore import restore_index
 from .runner import Abandoned, Runner, RunStats, pause, within_grace
+from .signals import SIGNALS
 from .sources.warc import SourceStats
-from .transactions import (
-    Producers,
-    TransactionalSink,
-    TransactionalSource,
-    TransactionFailed,
-    restore_index,
-)
+from .transactions import Producers, TransactionalSink, TransactionalSource, TransactionFailed
 
 log = logging.getLogger("stream_dedup.service")
 
@@ -64,12 +57,15 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None,
     """Run the service until `stop` (or SIGTERM/SIGINT/SIGHUP); the exit code. `faults`:
     crash injection, for tests."""
     stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a closed terminal
-        try:
-            loop.add_signal_handler(sig, _stopper(stop, sig))
-        except (NotImplementedError, RuntimeError):  # not the main thread (tests)
-            pass
+    if SIGNALS.install():  # already, from the command line's start (signals.py)
+        SIGNALS.attach(asyncio.get_running_loop(), stop)
+    try:
+        return await _serve(settings, stop, faults)
+    finally:
+        SIGNALS.detach()
+
+
+async def _serve(settings: Settings, stop: asyncio.Event, faults: Faults | None) -> int:
     service = Service(settings, stop, faults)
     app = build_app(service.api)
     app[SERVICE] = service
@@ -191,7 +187,10 @@ class Service:
         sink: KafkaSink
         if settings.exactly_once:
             producers = Producers(settings, m, DEFAULT_BATCH)
-            source = TransactionalSource(settings, consumer, dedup.index, m, producers, stop)
+            restore = None if dedup.journal is None else (
+                lambda keep_alive: restore_index(settings, dedup, m, stop, keep_alive))
+            source = TransactionalSource(settings, consumer, dedup.index, m, producers, stop,
+                                         restore)
             sink = TransactionalSink(settings, m, producers, dedup.journal is not None,
                                      self.faults)
         else:
@@ -211,14 +210,20 @@ class Service:
                         lambda _: m.kafka_error("connect"))
             # Topics before the subscription: a topic the consumer asks for first is made
             # by the broker's auto-creation, if at all, after an ERROR in the log.
-            await ensure_topics(settings, [settings.input_topic, *self._output_topics()],
-                                compacted=[settings.changelog()]
-                                if dedup.journal is not None else [])
-            sink.limits = await read_limits(settings, self._output_topics())
+            # Each admin request ends within the stop's grace (a broker that hangs).
+            await within_grace(ensure_topics(
+                settings, [settings.input_topic, *self._output_topics()],
+                compacted=[settings.changelog()] if dedup.journal is not None else []), stop)
+            if dedup.journal is not None:
+                await within_grace(check_changelog(settings), stop)
+            sink.limits = await within_grace(read_limits(settings, self._output_topics()),
+                                             stop)
             self._warn_about_limits(sink.limits)
             if producers is not None:
                 producers.max_batch = sink.limits.batch(
                     [*self._output_topics(), settings.changelog()])
+                # The bulk before joining the group; what the partitions' earlier owners
+                # still commit is read once they are fenced (TransactionalSource)
                 await restore_index(settings, dedup, m, stop)
             else:
                 sink.producer = await new_producer()
@@ -292,14 +297,6 @@ class Service:
             "consumer_lag": lags,
             "consumer_lag_total": sum(lags.values()),
         }}
-
-
-def _stopper(stop: asyncio.Event, sig: signal.Signals) -> Any:
-    def handler() -> None:
-        if not stop.is_set():
-            log.info("%s: finishing the batch in flight, then exiting", sig.name)
-        stop.set()
-    return handler
 
 
 async def push(settings: Settings, topic: str, paths: list[str], progress: bool = False,

@@ -40,7 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -49,24 +49,39 @@ from aiokafka.errors import KafkaError
 from . import changelog
 from .config import Settings
 from .edges import Batch, Faults
-from .errors import StreamDedupError
-from .index.base import LocalIndex
-from .kafka_client import consumer_kwargs, make_producer, retry, send_now, stop_within
+from .errors import KafkaDeliveryError, StreamDedupError
+from .kafka_client import (
+    is_fatal,
+    make_producer,
+    retrieve_later,
+    retry,
+    send_now,
+    stop_within,
+)
 from .kafka_edges import KafkaSink, KafkaSource, _batch, _FinishBeforeRevoke, _names
 from .metrics import Metrics
 from .models import Decision, Page, Rejected
-from .pipeline import Deduplicator
-from .runner import STOP_GRACE_S, Abandoned
+from .runner import STOP_GRACE_S, Abandoned, within_grace
 
 log = logging.getLogger("stream_dedup.kafka")
 
 ABORT_TIMEOUT_S = 10.0
-RESTORE_FETCH = 2000  # changelog records a fetch while restoring
-RESTORE_LOG_EVERY_S = 10.0
 
 
 class TransactionFailed(StreamDedupError):
     """A batch's transaction did not commit: the service starts over from the last commit."""
+
+
+def failure(what: str, exc: BaseException) -> StreamDedupError:
+    """A Kafka error met in `what`: refused for good (kafka_client.FATAL: the service stops,
+    exit 1), or worth a start over from the last commit (TransactionFailed)."""
+    if is_fatal(exc):
+        hint = (" (a code this client does not know; InvalidRecord, 87, is a compacted topic "
+                "refusing a record without a key)" if type(exc).__name__ == "UnknownError"
+                else "")
+        return KafkaDeliveryError(f"{what}: {type(exc).__name__}: {exc}{hint}; refused for "
+                                  "good, not started over")
+    return TransactionFailed(f"{what} ({type(exc).__name__}: {exc})")
 
 
 def transactional_id(settings: Settings, tp: TopicPartition) -> str:
@@ -89,8 +104,13 @@ class Producers:
                 "metadata"), self.max_batch, transactional_id=transactional_id(
                     self.settings, tp),
                 transaction_timeout_ms=int(self.settings.transaction_timeout_s * 1000))
-            await retry(f"starting the transactional producer of {tp.topic}/{tp.partition}",
-                        producer.start, stop, lambda _: self.metrics.kafka_error("connect"))
+            try:  # InitProducerId waits for an earlier owner's transaction to end: bounded
+                await retry(f"starting the transactional producer of {tp.topic}/"
+                            f"{tp.partition}", lambda p=producer: within_grace(p.start(), stop),
+                            stop, lambda _: self.metrics.kafka_error("connect"))
+            except BaseException:
+                await stop_within(producer, STOP_GRACE_S)
+                raise
             self.by_partition[tp] = producer
 
     async def close(self, tps: Iterable[TopicPartition] | None = None) -> None:
@@ -116,13 +136,15 @@ class _FenceThenResume(_FinishBeforeRevoke):
         assert isinstance(source, TransactionalSource)
         # Paused before anything is fetched (aiokafka calls this before its first fetch of
         # them can run): a record read at a stale committed offset would be decided, and
-        # a fetch in flight across the seek below can hand out records past a gap.
+        # a fetch in flight across the seek below can hand out records past a gap. They
+        # are resumed by the runner's next fetch, once the index has read the changelog.
         source.consumer.pause(*assigned)
+        source.generation += 1
         log.info("partitions assigned: %s", _names(assigned))
         try:
             await source.producers.open(assigned, source.stop)
             for tp in assigned:
-                committed = await source.consumer.committed(tp)
+                committed = await within_grace(source.consumer.committed(tp), source.stop)
                 if committed is None:
                     await source.consumer.seek_to_beginning(tp)  # auto_offset_reset earliest
                 else:
@@ -134,19 +156,32 @@ class _FenceThenResume(_FinishBeforeRevoke):
         except (KafkaError, Abandoned) as exc:
             source.failed = exc  # the next fetch raises it: the session starts over
             return
-        source.consumer.resume(*assigned)
+        # The producers' InitProducerId completed or aborted every transaction the
+        # partitions' earlier owners had open: the changelog holds all they committed.
+        source.restore_pending = True
 
 
 class TransactionalSource(KafkaSource):
     """KafkaSource whose batches are one partition's records each, and whose commit is the
-    transaction's (the sink's): nothing to commit here."""
+    transaction's (the sink's): nothing to commit here.
+
+    A batch is decided only in the assignment it was fetched in. The runner takes a batch
+    (fetch), then holds it (hold, under the lock a revoke takes too); a revoke can come
+    between the two, and aiokafka's assignment() still names the old partitions until the
+    rejoin completes. Batches are stamped with the assignment's generation (bumped at every
+    revoke and assignment): one of an earlier generation is dropped in hold(), its records
+    read again from the committed offset by whoever owns the partition now."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: Any,
-                 metrics: Metrics, producers: Producers, stop: asyncio.Event) -> None:
+                 metrics: Metrics, producers: Producers, stop: asyncio.Event,
+                 restore: Callable[[Callable[[], Awaitable[None]]], Awaitable[int]]
+                 | None = None) -> None:
         super().__init__(settings, consumer, index, metrics)
         self.producers, self.stop = producers, stop
         self.listener = _FenceThenResume(self)
-        self._queue: list[Batch] = []
+        self._queue: list[tuple[int, Batch]] = []  # (generation, batch)
+        self._taken: tuple[int, Batch] | None = None  # the batch fetch() handed out last
+        self.generation = 0
         # The next offset to decide of each partition ready (its producer started, its
         # committed offset read and sought): aiokafka hands out records of a partition
         # while the listener still prepares it (seen: a batch decided before the seek, then
@@ -154,17 +189,24 @@ class TransactionalSource(KafkaSource):
         # dropped: the seek fetches them again.
         self.expected: dict[str, int] = {}
         self.failed: BaseException | None = None  # preparing an assigned partition failed
+        # Partitions assigned and fenced, paused until the index has claimed what the
+        # changelog holds (`restore`: given a keep-alive to call between its reads)
+        self.restore_pending = False
+        self.restore = restore
 
     def drop(self, revoked: Sequence[TopicPartition]) -> None:
+        self.generation += 1
         gone = {f"{tp.topic}/{tp.partition}" for tp in revoked}
         for stream in gone:
             self.expected.pop(stream, None)
-        self._queue = [b for b in self._queue if not gone & b.positions.keys()]
+        self._queue = [(g, b) for g, b in self._queue if not gone & b.positions.keys()]
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch:
         if self.failed is not None:
-            raise TransactionFailed(f"preparing an assigned partition failed "
-                                    f"({type(self.failed).__name__}: {self.failed})")
+            raise failure("preparing an assigned partition", self.failed)
+        if self.restore_pending:
+            await self._restore(stop)
+            return Batch([])
         if not self._queue:
             fetched = await super().fetch(max_records, stop)
             by_partition: dict[str, list[Any]] = {}
@@ -176,8 +218,55 @@ class TransactionalSource(KafkaSource):
             for records in by_partition.values():
                 batch = _batch(records, fetched.received)
                 batch.plan = []  # the group's committed offset is where a restart resumes
-                self._queue.append(batch)
-        return self._queue.pop(0) if self._queue else Batch([])
+                self._queue.append((self.generation, batch))
+        if not self._queue:
+            return Batch([])
+        self._taken = self._queue.pop(0)
+        return self._taken[1]
+
+    async def _restore(self, stop: asyncio.Event) -> None:
+        """The index claims what the changelog holds (the partitions' earlier owners are
+        fenced); then the partitions ready are resumed. The consumer is polled meanwhile
+        (its partitions paused, nothing comes) so that a long restore does not count as a
+        consumer that stopped polling (max.poll.interval.ms)."""
+        self.restore_pending = False
+        if self.restore is not None:
+            try:
+                await self.restore(self._keep_polling)
+            except KafkaError as exc:
+                raise failure("restoring the index from the changelog", exc) from exc
+        if self.restore_pending or self.failed is not None:
+            return  # assigned again meanwhile: restored again first
+        ready = [tp for tp in self.consumer.assignment()
+                 if f"{tp.topic}/{tp.partition}" in self.expected]
+        self.consumer.resume(*ready)
+
+    async def _keep_polling(self) -> None:
+        got = await self.consumer.getmany(timeout_ms=0)
+        for tp, records in got.items():  # none expected (paused): read again later
+            if records:
+                self.consumer.seek(tp, records[0].offset)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, batch: Batch) -> AsyncIterator[Batch]:
+        async with self.lock:
+            taken, self._taken = self._taken, None
+            streams = list(batch.positions)
+            stale = (taken is not None and taken[1] is batch and taken[0] != self.generation
+                     ) or any(stream not in self.expected for stream in streams)
+            if stale:
+                log.info("dropped a batch of %d records of %s taken before a rebalance (not "
+                         "decided: read again from the committed offset by the partition's "
+                         "owner)", len(batch.records), ", ".join(streams))
+                yield Batch([])
+                return
+            owned = self.consumer.assignment()
+            kept = [r for r in batch.records if TopicPartition(r.topic, r.partition) in owned]
+            if len(kept) < len(batch.records):
+                log.info("abandoned %d records of revoked partitions (not committed)",
+                         len(batch.records) - len(kept))
+                batch = _batch(kept, batch.received)
+            yield batch
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass  # committed with the batch's transaction
@@ -211,13 +300,16 @@ class TransactionalSink(KafkaSink):
         changes = changelog.records(batch.changes, f"{stream}/{first}") if self.journal else []
         self.delivered += 1
         started = time.perf_counter()
+        acks: list[asyncio.Future[Any]] = []
+        logs: list[asyncio.Future[Any]] = []
         try:
             await producer.begin_transaction()
-            acks = [await producer.send(m.topic, m.value, key=m.key, headers=list(m.headers))
-                    for m in outputs]
-            logs = [await producer.send(self.changelog.topic, value, key=key,
-                                        headers=list(headers), partition=0)
-                    for key, value, headers in changes]
+            for m in outputs:
+                acks.append(await producer.send(m.topic, m.value, key=m.key,
+                                                headers=list(m.headers)))
+            for key, value, headers in changes:
+                logs.append(await producer.send(self.changelog.topic, value, key=key,
+                                                headers=list(headers), partition=0))
             send_now(producer)
             results = await asyncio.gather(*acks, *logs, return_exceptions=True)
             failed = [r for r in results if isinstance(r, BaseException)]
@@ -231,90 +323,19 @@ class TransactionalSink(KafkaSink):
             self.faults.at("before-transaction-commit", self.delivered)
             await producer.commit_transaction()
         except asyncio.CancelledError:
-            raise  # a stop past the grace: the broker aborts it (timeout, or the next fence)
+            # A stop past the grace: the broker aborts it (timeout, or the next fence). The
+            # sends queued are failed by the producer's close: read, not logged as lost.
+            retrieve_later([*acks, *logs])
+            raise
         except (KafkaError, OSError) as exc:
+            retrieve_later([*acks, *logs])  # a send that raised left the earlier ones
             self.metrics.transactions.labels("aborted").inc()
             self.metrics.kafka_error("produce")
             with contextlib.suppress(KafkaError, TimeoutError, OSError, Exception):
                 await asyncio.wait_for(producer.abort_transaction(), ABORT_TIMEOUT_S)
-            raise TransactionFailed(f"the transaction of {stream} did not commit "
-                                    f"({type(exc).__name__}: {exc})") from exc
+            raise failure(f"the transaction of {stream} did not commit", exc) from exc
         self.metrics.transactions.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
         if logged:  # the index's commit stores how far into the changelog it reaches
             batch.positions[f"{self.changelog.topic}/0"] = max(logged) + 1
-
-
-async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metrics,
-                        stop: asyncio.Event) -> int:
-    """Claim into a memory or LSM index what the changelog holds past the position the
-    index stored; the kept pages claimed. Reads up to the changelog's last stable offset."""
-    index = dedup.index
-    if not isinstance(index, LocalIndex):
-        return 0
-    tp = TopicPartition(settings.changelog(), 0)
-    stream = f"{tp.topic}/0"
-    start = dedup.index.offsets().get(stream, 0)
-    consumer = AIOKafkaConsumer(**{**consumer_kwargs(settings), "group_id": None})
-    await retry(f"connecting to {settings.bootstrap_servers} (restoring the index)",
-                consumer.start, stop)
-    restored = 0
-    try:
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        if start > end:
-            log.warning("the index reflects %s up to offset %d, but the topic ends at %d: "
-                        "was it deleted and made again? The index is used as it is; give a "
-                        "new changelog topic a new index", stream, start, end)
-        if start >= end:
-            return 0
-        consumer.seek(tp, start)
-        log.info("restoring the index from %s: offsets %d..%d", stream, start, end - 1)
-        next_log = time.monotonic() + RESTORE_LOG_EVERY_S
-        held: list[Any] = []  # records of a batch that may go on in the next fetch
-        while not stop.is_set():
-            got = await consumer.getmany(tp, timeout_ms=1000, max_records=RESTORE_FETCH)
-            held += got.get(tp, [])
-            done = await consumer.position(tp) >= end
-            cut = len(held) if done else _last_batch_start(held)
-            ready, held = held[:cut], held[cut:]
-            if ready:
-                restored += await asyncio.to_thread(_claim, dedup, ready)
-            if done:
-                break
-            if time.monotonic() >= next_log:
-                next_log = time.monotonic() + RESTORE_LOG_EVERY_S
-                log.info("restoring the index: %d pages so far (offset %d of %d)", restored,
-                         await consumer.position(tp), end)
-        if stop.is_set():
-            raise Abandoned("stopped while restoring the index")
-    finally:
-        await stop_within(consumer, STOP_GRACE_S)
-    metrics.restored.inc(restored)
-    log.info("restored %d kept pages from %s", restored, stream)
-    return restored
-
-
-def _last_batch_start(records: list[Any]) -> int:
-    """Where the last batch among `records` starts (it may go on past them)."""
-    if not records:
-        return 0
-    last = dict(records[-1].headers or ()).get(changelog.BATCH_HEADER)
-    i = len(records)
-    while i > 0 and dict(records[i - 1].headers or ()).get(changelog.BATCH_HEADER) == last:
-        i -= 1
-    return i
-
-
-def _claim(dedup: Deduplicator, records: list[Any]) -> int:
-    """Claim whole batches of changelog records, then commit the index with the position."""
-    claimed, end = 0, 0
-    with dedup.lock:
-        index = dedup.index
-        assert isinstance(index, LocalIndex)
-        for docs, after in changelog.batches(records):
-            changelog.claim_again(index, docs)
-            claimed, end = claimed + len(docs), after
-        dedup.index.commit({f"{records[0].topic}/{records[0].partition}": end})
-    return claimed

@@ -1,0 +1,120 @@
+"""Restoring a memory or LSM index from its changelog (`serve --exactly-once`,
+transactions.py; the records' format: changelog.py).
+
+The index stores, with every commit, the changelog position it reflects. `restore_index`
+reads the changelog from there up to its last stable offset (read_committed: only
+committed transactions, and nothing past one still open) and claims each batch's kept pages
+again, whole batches at a time, committing the index with the position after them. It is
+run once the assigned partitions' producers are started (TransactionalSource): their
+InitProducerId completed or aborted whatever transaction an earlier owner had open, so a
+commit still completing is read, not missed. Every wait on the broker ends within
+STOP_GRACE_S of a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from . import changelog
+from .config import Settings
+from .index.base import LocalIndex
+from .kafka_client import consumer_kwargs, retry, stop_within
+from .metrics import Metrics
+from .pipeline import Deduplicator
+from .runner import STOP_GRACE_S, Abandoned, within_grace
+
+log = logging.getLogger("stream_dedup.kafka")
+
+RESTORE_FETCH = 2000  # changelog records a fetch while restoring
+RESTORE_LOG_EVERY_S = 10.0
+
+
+async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metrics,
+                        stop: asyncio.Event,
+                        keep_alive: Callable[[], Awaitable[None]] | None = None) -> int:
+    """Claim into a memory or LSM index what the changelog holds past the position the
+    index stored; the kept pages claimed. Reads up to the changelog's last stable offset:
+    called once the partitions' earlier owners are fenced (TransactionalSource), their
+    transactions are all there. `keep_alive` is awaited between reads. Every wait on the
+    broker ends within STOP_GRACE_S of a stop (Abandoned)."""
+    index = dedup.index
+    if not isinstance(index, LocalIndex):
+        return 0
+    tp = TopicPartition(settings.changelog(), 0)
+    stream = f"{tp.topic}/0"
+    start = dedup.index.offsets().get(stream, 0)
+    consumer = AIOKafkaConsumer(**{**consumer_kwargs(settings), "group_id": None})
+    restored = 0
+    try:
+        await retry(f"connecting to {settings.bootstrap_servers} (restoring the index)",
+                    lambda: within_grace(consumer.start(), stop), stop)
+        consumer.assign([tp])
+        end = (await within_grace(consumer.end_offsets([tp]), stop))[tp]
+        if start > end:
+            log.warning("the index reflects %s up to offset %d, but the topic ends at %d: "
+                        "was it deleted and made again? The index is used as it is; give a "
+                        "new changelog topic a new index", stream, start, end)
+        if start >= end:
+            return 0
+        consumer.seek(tp, start)
+        log.info("restoring the index from %s: offsets %d..%d", stream, start, end - 1)
+        next_log = time.monotonic() + RESTORE_LOG_EVERY_S
+        held: list[Any] = []  # records of a batch that may go on in the next fetch
+        while not stop.is_set():
+            got = await within_grace(consumer.getmany(
+                tp, timeout_ms=1000, max_records=RESTORE_FETCH), stop)
+            # A fetch begun at the assignment (from the topic's start) can answer after
+            # the seek: what it read before `start` is in the index already. Records past
+            # `end` (committed since) are left to the next restore.
+            held += [r for r in got.get(tp, []) if start <= r.offset < end]
+            position = await within_grace(consumer.position(tp), stop)
+            done = position >= end
+            cut = len(held) if done else _last_batch_start(held)
+            ready, held = held[:cut], held[cut:]
+            if ready:
+                restored += await asyncio.to_thread(_claim, dedup, ready)
+            if done:
+                break
+            if keep_alive is not None:
+                await keep_alive()
+            if time.monotonic() >= next_log:
+                next_log = time.monotonic() + RESTORE_LOG_EVERY_S
+                log.info("restoring the index: %d pages so far (offset %d of %d)", restored,
+                         position, end)
+        if stop.is_set():
+            raise Abandoned("stopped while restoring the index")
+    finally:
+        await stop_within(consumer, STOP_GRACE_S)
+    metrics.restored.inc(restored)
+    log.info("restored %d kept pages from %s", restored, stream)
+    return restored
+
+
+def _last_batch_start(records: list[Any]) -> int:
+    """Where the last batch among `records` starts (it may go on past them)."""
+    if not records:
+        return 0
+    last = dict(records[-1].headers or ()).get(changelog.BATCH_HEADER)
+    i = len(records)
+    while i > 0 and dict(records[i - 1].headers or ()).get(changelog.BATCH_HEADER) == last:
+        i -= 1
+    return i
+
+
+def _claim(dedup: Deduplicator, records: list[Any]) -> int:
+    """Claim whole batches of changelog records, then commit the index with the position."""
+    claimed, end = 0, 0
+    with dedup.lock:
+        index = dedup.index
+        assert isinstance(index, LocalIndex)
+        for docs, after in changelog.batches(records):
+            changelog.claim_again(index, docs)
+            claimed, end = claimed + len(docs), after
+        dedup.index.commit({f"{records[0].topic}/{records[0].partition}": end})
+    return claimed

@@ -426,10 +426,9 @@ def check(cfg: Config, t: dict[str, str], res: Result, members: list[Instance],
     res.keeps = len(keeps)
     kept = Counter(m["key"] for m in read_topic(cfg.bootstrap, t["kept"]))
     want = Counter(d["url"] for d in keeps)
-    res.kept_missing = sum((want - kept).values()) if cfg.mode == "exactly-once" else len(
-        set(want) - set(kept))
-    res.kept_extra = len(set(kept) - set(want))
-    res.kept_repeats = sum((kept - want).values()) - res.kept_extra
+    res.kept_missing = len(set(want) - set(kept))  # a keep whose page is not there
+    res.kept_extra = sum(n for url, n in kept.items() if url not in want)  # no keep's page
+    res.kept_repeats = sum(max(0, kept[url] - 1) for url in want)  # copies beyond one
     ids = {d["page_id"] for d in keeps}
     res.dangling = sum(d["decision"] == "drop" and d["duplicate_of"] is not None
                        and d["duplicate_of"]["page_id"] not in ids for d in first.values())

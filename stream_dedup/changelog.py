@@ -7,17 +7,25 @@ input partitions):
     key      the page id, 16 bytes big-endian
     value    its URL key (8 bytes, little-endian), then its document record (doc_codec)
     header   `stream-dedup-batch`: the batch it was kept in (its input partition and first
-             offset). A batch's records are consecutive: one transaction wrote them.
+             offset)
 and, for a kept page that replaced its URL's version, a tombstone (that version's page id,
 no value), so that compaction (the topic is compacted) forgets the version a URL no longer
 holds. The compacted log therefore holds what the index holds: one version a URL.
 
-Replaying: `batches` cuts the records into batches and `claim_again` claims each batch's
-kept pages into the index as the batch claimed them (the same pages in the same order, each
-replacing the version its URL holds), so the index reaches the state it had after the last
-committed transaction: the same pages, the same rows in the same order. (After compaction
-removed replaced versions, a posting list longer than `max_posting` may hold one older page
-more than it did; nothing else differs.)
+Several producers write the topic at once (one a partition of the input, on one or several
+instances), so a batch's records need not be consecutive: `batches` groups the records it
+is given by their batch header, not by adjacency, and a batch may come in two reads (its
+records on both sides of another transaction still open). Nothing depends on a batch being
+whole: `claim_again` claims each kept page as its URL's version unless the index holds that
+page already, or a later version of its URL (page ids of Kafka records sort by time:
+models.position_id). So claiming the changelog again from any position, over pages this
+index kept itself or claimed before, changes nothing of them, and adds the others.
+
+Replaying: the index reaches the state it had after the last committed transaction: the same
+pages (one instance: the same rows in the same order). After compaction removed replaced
+versions, a posting list longer than `max_posting` may hold one older page more than it
+did; with several instances deciding one URL on two input partitions at once, the later
+page id wins on a restore where the later decision won live.
 """
 
 from __future__ import annotations
@@ -55,33 +63,35 @@ def doc_of(value: bytes) -> StoredDoc:
 
 def batches(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], int]]:
     """Consumed changelog records (anything with .offset, .value, .headers) -> each batch's
-    kept pages and the offset after its last record. The last batch is given too: a
-    read_committed reader sees only whole transactions, so what it read ends a batch."""
-    current: bytes | None = None
-    docs: list[StoredDoc] = []
-    end = -1
+    kept pages, grouped by the batch header in the order the batches first appear, and the
+    offset after the batch's last record among them."""
+    groups: dict[bytes, tuple[list[StoredDoc], list[int]]] = {}
     for record in consumed:
         batch = dict(record.headers or ()).get(BATCH_HEADER, b"")
-        if current is not None and batch != current:
-            yield docs, end
-            docs = []
-        current, end = batch, record.offset + 1
+        docs, end = groups.setdefault(batch, ([], [-1]))
+        end[0] = record.offset + 1
         if record.value is not None:
             docs.append(doc_of(record.value))
-    if current is not None:
-        yield docs, end
+    for docs, end in groups.values():
+        yield docs, end[0]
 
 
-def claim_again(index: LocalIndex, docs: Sequence[StoredDoc]) -> None:
+def claim_again(index: LocalIndex, docs: Sequence[StoredDoc]) -> int:
     """Claim one batch's kept pages into `index` as they were first claimed: a page whose URL
-    has a version (held, or kept earlier in the batch) replaces it."""
+    has a version (held, or kept earlier in the batch) replaces it. A page the index holds
+    already, or whose URL it holds in a later version, is left out (see above); a page
+    without a URL key is claimed as it comes. The pages claimed."""
     claims: list[Claim] = []
     kept_at: dict[int, int] = {}  # url key -> the claim of this batch that kept it
     for doc in docs:
         earlier = kept_at.get(doc.url_key) if doc.url_key else None
         held = index.version_of(doc.url_key) if doc.url_key and earlier is None else None
+        if held is not None and index.records()[held].page_id >= doc.page_id:
+            continue  # this page, or a later version of its URL
         probe = Probe(doc.page_id, doc.raw_fp, doc.canonical_fp, doc.features, doc.url_key)
         claims.append(Claim(probe, doc, replaces=held, replaces_claim=earlier))
         if doc.url_key:
             kept_at[doc.url_key] = len(claims) - 1
-    index.claim(claims)
+    if claims:
+        index.claim(claims)
+    return len(claims)

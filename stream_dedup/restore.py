@@ -65,20 +65,18 @@ async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metric
         consumer.seek(tp, start)
         log.info("restoring the index from %s: offsets %d..%d", stream, start, end - 1)
         next_log = time.monotonic() + RESTORE_LOG_EVERY_S
-        held: list[Any] = []  # records of a batch that may go on in the next fetch
         while not stop.is_set():
             got = await within_grace(consumer.getmany(
                 tp, timeout_ms=1000, max_records=RESTORE_FETCH), stop)
             # A fetch begun at the assignment (from the topic's start) can answer after
             # the seek: what it read before `start` is in the index already. Records past
             # `end` (committed since) are left to the next restore.
-            held += [r for r in got.get(tp, []) if start <= r.offset < end]
+            chunk = [r for r in got.get(tp, []) if start <= r.offset < end]
             position = await within_grace(consumer.position(tp), stop)
             done = position >= end
-            cut = len(held) if done else _last_batch_start(held)
-            ready, held = held[:cut], held[cut:]
-            if ready:
-                restored += await asyncio.to_thread(_claim, dedup, ready)
+            if chunk or done:
+                restored += await asyncio.to_thread(_claim, dedup, chunk, stream,
+                                                    end if done else position)
             if done:
                 break
             if keep_alive is not None:
@@ -96,25 +94,15 @@ async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metric
     return restored
 
 
-def _last_batch_start(records: list[Any]) -> int:
-    """Where the last batch among `records` starts (it may go on past them)."""
-    if not records:
-        return 0
-    last = dict(records[-1].headers or ()).get(changelog.BATCH_HEADER)
-    i = len(records)
-    while i > 0 and dict(records[i - 1].headers or ()).get(changelog.BATCH_HEADER) == last:
-        i -= 1
-    return i
-
-
-def _claim(dedup: Deduplicator, records: list[Any]) -> int:
-    """Claim whole batches of changelog records, then commit the index with the position."""
-    claimed, end = 0, 0
+def _claim(dedup: Deduplicator, records: list[Any], stream: str, reached: int) -> int:
+    """Claim the kept pages of changelog records (changelog.claim_again: those the index
+    holds already, or holds a later version of, are left out), then commit the index with
+    the position reached: everything before it is in the index. The pages claimed."""
+    claimed = 0
     with dedup.lock:
         index = dedup.index
         assert isinstance(index, LocalIndex)
-        for docs, after in changelog.batches(records):
-            changelog.claim_again(index, docs)
-            claimed, end = claimed + len(docs), after
-        dedup.index.commit({f"{records[0].topic}/{records[0].partition}": end})
+        for docs, _ in changelog.batches(records):
+            claimed += changelog.claim_again(index, docs)
+        dedup.index.commit({stream: reached})
     return claimed

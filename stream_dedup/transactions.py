@@ -66,6 +66,10 @@ from .runner import STOP_GRACE_S, Abandoned, within_grace
 log = logging.getLogger("stream_dedup.kafka")
 
 ABORT_TIMEOUT_S = 10.0
+# A memory or LSM index reads the changelog again at least this often (besides at every
+# assignment): it learns what other instances kept, and its stored position moves on (an
+# LSM index's restart reads from there)
+CATCH_UP_S = 300.0
 
 
 class TransactionFailed(StreamDedupError):
@@ -193,6 +197,7 @@ class TransactionalSource(KafkaSource):
         # changelog holds (`restore`: given a keep-alive to call between its reads)
         self.restore_pending = False
         self.restore = restore
+        self._next_catch_up = time.monotonic() + CATCH_UP_S
 
     def drop(self, revoked: Sequence[TopicPartition]) -> None:
         self.generation += 1
@@ -204,6 +209,8 @@ class TransactionalSource(KafkaSource):
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch:
         if self.failed is not None:
             raise failure("preparing an assigned partition", self.failed)
+        if self.restore is not None and time.monotonic() >= self._next_catch_up:
+            self.restore_pending = True  # the others' pages, and the position moved on
         if self.restore_pending:
             await self._restore(stop)
             return Batch([])
@@ -230,6 +237,7 @@ class TransactionalSource(KafkaSource):
         (its partitions paused, nothing comes) so that a long restore does not count as a
         consumer that stopped polling (max.poll.interval.ms)."""
         self.restore_pending = False
+        self._next_catch_up = time.monotonic() + CATCH_UP_S
         if self.restore is not None:
             try:
                 await self.restore(self._keep_polling)
@@ -315,7 +323,6 @@ class TransactionalSink(KafkaSink):
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:  # every send's outcome read (none left to log "never retrieved")
                 raise failed[0]
-            logged = [meta.offset for meta in results[len(acks):]]
             # After the acknowledgements: sent with them, its round trips met a refusal now
             # and then, and waited out aiokafka's 100 ms backoff (a p99 of 130 ms, not 54).
             await producer.send_offsets_to_transaction({tp: batch.positions[stream]},
@@ -337,5 +344,5 @@ class TransactionalSink(KafkaSink):
         self.metrics.transactions.labels("committed").inc()
         self.metrics.commit_seconds.observe(time.perf_counter() - started)
         self.metrics.dead_letters.inc(sum(d.decision == "reject" for d in decisions))
-        if logged:  # the index's commit stores how far into the changelog it reaches
-            batch.positions[f"{self.changelog.topic}/0"] = max(logged) + 1
+        # The index's changelog position is not moved past this batch's records: other
+        # instances may have written before them (restore.py moves it, reading)

@@ -143,3 +143,43 @@ def test_a_changelog_topic_that_deletes_is_refused(
     assert rc == 1, text[-3000:]
     assert "cleanup.policy" in text and "compact" in text
     assert _decided(kafka_bootstrap, t) == 0
+
+
+def test_instances_sharing_a_changelog_learn_each_others_pages(
+        kafka_bootstrap: str, service, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Two instances with LSM indexes of their own share a group, so a changelog; each
+    decides one of two partitions, both writing the changelog at once (their batches'
+    records interleave). Restarted alone, the first must hold every page kept by either:
+    its stored changelog position never skips what the other wrote before its own last
+    batch."""
+    from test_service import kcat_produce
+
+    from stream_dedup import Deduplicator, Settings
+
+    t = names("eo-shared")
+    create_topics(kafka_bootstrap, [t["input"]], partitions=2)
+    a_args = ["--exactly-once", "--batch-size", "5", "--index", "lsm", "--index-path",
+              str(tmp_path / "a-index")]
+    b_args = ["--exactly-once", "--batch-size", "5", "--index", "lsm", "--index-path",
+              str(tmp_path / "b-index")]
+    first = service(t, *a_args, log="a.log")
+    wait_for("the first's partitions", lambda: "partitions assigned: ['" in first.text(), 60)
+    second = service(t, *b_args, log="b.log")
+    wait_for("a partition each", lambda: "partitions assigned: ['" in second.text() and
+             re.search(r"partitions assigned: \['[^,\]]*'\]", first.text()) is not None, 60)
+    pages = crawl(range(60, 64))
+    kcat_produce(kafka_bootstrap, t["input"], [(u, json.dumps({"url": u, "html": h}).encode())
+                                               for u, h in pages])
+    got = check_exactly_once(kafka_bootstrap, t, pages, partitions=2)
+    assert first.stop() == 0 and second.stop() == 0
+    again = service(t, *a_args, log="a2.log")
+    wait_for("the restart's restore", lambda: "resuming at" in again.text(), 60)
+    time.sleep(2.0)
+    assert again.stop() == 0
+    dd = Deduplicator(Settings(index="lsm", index_path=str(tmp_path / "a-index")))
+    try:
+        held = len(dd.index)
+    finally:
+        dd.close()
+    kept_urls = {d["url"] for d in got if d["decision"] == "keep"}
+    assert held == len(kept_urls), (held, len(kept_urls))

@@ -50,7 +50,14 @@ from .config import Settings
 from .edges import Batch
 from .errors import KafkaDeliveryError
 from .index.base import FeatureIndex
-from .kafka_client import MAX_BACKOFF_S, is_retriable, retry, send_now, stop_within
+from .kafka_client import (
+    MAX_BACKOFF_S,
+    is_retriable,
+    retrieve_later,
+    retry,
+    send_now,
+    stop_within,
+)
 from .kafka_topics import Limits
 from .metrics import Metrics
 from .models import Decision, Page, Rejected, position_id
@@ -323,16 +330,23 @@ class KafkaSink:
         queued: list[tuple[Message, asyncio.Future[Any]]] = []
         failed: list[tuple[Message, BaseException]] = []
         assert self.producer is not None, "the service makes the producer before run()"
-        for i, msg in enumerate(messages):
-            try:
-                ack = await self.producer.send(msg.topic, msg.value, key=msg.key,
-                                               headers=list(msg.headers))
-            except KafkaError as exc:
-                failed += [(later, exc) for later in messages[i:]]
-                break
-            queued.append((msg, ack))
-        send_now(self.producer)
-        results = await asyncio.gather(*(ack for _, ack in queued), return_exceptions=True)
+        try:
+            for i, msg in enumerate(messages):
+                try:
+                    ack = await self.producer.send(msg.topic, msg.value, key=msg.key,
+                                                   headers=list(msg.headers))
+                except KafkaError as exc:
+                    failed += [(later, exc) for later in messages[i:]]
+                    break
+                queued.append((msg, ack))
+            send_now(self.producer)
+            results = await asyncio.gather(*(ack for _, ack in queued),
+                                           return_exceptions=True)
+        except asyncio.CancelledError:
+            # A stop past the grace: what was queued fails when the producer closes; read
+            # then, not logged as "Future exception was never retrieved"
+            retrieve_later(ack for _, ack in queued)
+            raise
         failed += [(msg, r) for (msg, _), r in zip(queued, results, strict=True)
                    if isinstance(r, BaseException)]
         return failed

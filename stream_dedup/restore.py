@@ -1,14 +1,17 @@
 """Restoring a memory or LSM index from its changelog (`serve --exactly-once`,
 transactions.py; the records' format: changelog.py).
 
-The index stores, with every commit, the changelog position it reflects. `restore_index`
-reads the changelog from there up to its last stable offset (read_committed: only
-committed transactions, and nothing past one still open) and claims each batch's kept pages
-again, whole batches at a time, committing the index with the position after them. It is
-run once the assigned partitions' producers are started (TransactionalSource): their
-InitProducerId completed or aborted whatever transaction an earlier owner had open, so a
-commit still completing is read, not missed. Every wait on the broker ends within
-STOP_GRACE_S of a stop.
+The index stores the changelog position it has read up to. `restore_index` reads the
+changelog from there up to its last stable offset (read_committed: only committed
+transactions, and nothing past one still open), claims the kept pages it reads
+(changelog.claim_again: a page the index holds already, or a later version of its URL, is
+left out), and commits the index with the position reached, one fetch at a time. Only this
+moves the position: a batch this instance commits does not (other instances sharing the
+changelog may have written before its records). It runs before the group is joined, once
+the assigned partitions' producers are started (TransactionalSource: their InitProducerId
+completed or aborted whatever transaction an earlier owner had open, so a commit still
+completing is read, not missed), and every CATCH_UP_S. Every wait on the broker ends
+within STOP_GRACE_S of a stop.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
       -> begin a transaction on that partition's producer
          send the decisions, kept pages, dead letters, and the index's changes (changelog.py)
          send_offsets_to_transaction(the batch's end offset, the group)
-      -> commit the transaction -> commit the index (with the changelog's position)
+      -> commit the transaction -> commit the index
 
 **Fencing.** aiokafka (0.14) commits offsets in a transaction with TxnOffsetCommit v0: the
 group id alone, no generation or member id (KIP-447 is not there), so the group
@@ -18,20 +18,29 @@ id and bumps its epoch, so
   aborted, nothing of it visible to read_committed readers;
 - the new owner reads an offset no pending transaction can still move, and resumes there.
 One id a partition means one transaction a partition: a batch holds one partition's records.
+Within an instance, a batch is decided only in the assignment it was fetched in
+(TransactionalSource): one taken from the queue before a revoke is dropped, not delivered
+under the producer (or the epoch) of the next assignment.
 
 **The index** changes when a batch is decided, before its transaction commits; the changes
 must count only if the transaction does. A memory or LSM index keeps a changelog topic
-(compacted, one partition): each batch's kept pages are written in its transaction, and the
-index stores the changelog position it reflects with every commit (the LSM on disk, the
-memory index in memory: 0 at start). At start the index claims again whatever the
-changelog holds past its position (`restore_index`), so after a crash between the Kafka
-commit and the index's own, the index catches up; a batch whose transaction did not commit
-left nothing (read_committed never shows it) and is decided again against the same state.
-A transaction that fails in a running service (fenced, timed out, a broker restart) is
-aborted and the service starts over in process: the index reopened at its last commit and
-restored from the changelog, a new consumer in the group (`TransactionFailed`). A Redis
-index keeps no changelog: its claims are keyed by page id (the input position) and a page
-decided again gets the decision its first claim recorded.
+(compacted, one partition, checked at start: kafka_topics.check_changelog): each batch's
+kept pages are written in its transaction. The index stores the changelog position it has
+read up to (restore.py; the LSM on disk, the memory index in memory: 0 at start) and claims
+again what the changelog holds past it: before joining the group, then at every assignment
+once the partitions' producers are started (so a transaction an earlier owner was still
+committing is read, not missed), and at least every CATCH_UP_S. A page the index holds
+already is left out (changelog.claim_again), so what this instance kept itself is not
+claimed twice, and what other instances sharing the changelog kept is learnt. After a
+crash between the Kafka commit and the index's own, the index catches up; a batch whose
+transaction did not commit left nothing (read_committed never shows it) and is decided
+again against the same state. A transaction that fails in a running service (fenced,
+timed out, a broker restart) is aborted and the service starts over in process: the index
+reopened at its last commit and restored from the changelog, a new consumer in the group
+(`TransactionFailed`); a refusal no start over gets past (kafka_client.FATAL: not
+authorized, a record the topic refuses) stops it instead (KafkaDeliveryError, exit 1). A
+Redis index keeps no changelog: its claims are keyed by page id (the input position) and a
+page decided again gets the decision its first claim recorded.
 """
 
 from __future__ import annotations

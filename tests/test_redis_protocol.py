@@ -16,12 +16,12 @@ from indexkit import flush_redis
 
 from stream_dedup import Settings
 from stream_dedup.decide import Analysis, Verdict, decide_batch
+from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
-from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_lease import Leases
 from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_members
+from stream_dedup.index.redis_lease import Leases
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline import Analyzer, _probe
 

@@ -41,6 +41,7 @@ A failing round is rerun with `--seed <its seed> --rounds 1 --mode <its mode>`.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -130,8 +131,15 @@ def fmt(x: float | None, spec: str = "{:.1f}") -> str:
     return "–" if x is None else spec.format(x)
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # the running campaign kills its members
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Ours, so that asyncio.run leaves SIGINT alone and SIGTERM stops the run the same way.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="stream-dedup-churn-"))
     logs.mkdir(parents=True, exist_ok=True)
     modes = list(MODES) if args.mode == "both" else [args.mode]

@@ -147,10 +147,12 @@ class Runner:
         while this one is decided, so the worker processes are not idle meanwhile."""
         ahead = self.pool is not None and self.source.reads_ahead
         next_fetch: asyncio.Task[Batch | None] | None = None
-        # A stop reaches a batch waiting in the index for another instance at once (it is
-        # abandoned, uncommitted), not once the wait is over.
+        # A stop gives a batch waiting in the index for another instance STOP_GRACE_S, as
+        # it gives its outputs; then the wait ends (the batch is abandoned, uncommitted).
         stopping = asyncio.ensure_future(stop.wait())
-        stopping.add_done_callback(lambda f: None if f.cancelled() else self.dedup.interrupt())
+        later: list[asyncio.TimerHandle] = []
+        stopping.add_done_callback(lambda f: None if f.cancelled() else later.append(
+            asyncio.get_running_loop().call_later(STOP_GRACE_S, self.dedup.interrupt)))
         try:
             while not stop.is_set():
                 await self._expire(stop)
@@ -171,6 +173,10 @@ class Runner:
                     await self._step(lambda: self.metrics.refresh_index(self.dedup))
         finally:
             stopping.cancel()
+            for handle in later:
+                handle.cancel()
+            if stop.is_set():  # nothing waits on in the decide thread (shut down below)
+                self.dedup.interrupt()
             if next_fetch is not None:  # read, never decided: it was not committed either
                 next_fetch.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -212,3 +212,50 @@ def test_records_with_shingle_sets_in_the_index_redis_are_warned_about(
         assert bool(said) == warned, settings
         if warned:
             assert "--redis-records-url" in said[0] and "--no-verify-exact" in said[0]
+
+
+def test_a_stop_ends_a_wait_on_a_live_instance_after_the_grace(url: str) -> None:
+    """A page waits for an older one a live instance holds (its lease renewed); a stop
+    gives the wait STOP_GRACE_S, then the batch is abandoned uncommitted, and the pages it
+    held are released: nobody waits for them."""
+    import asyncio
+
+    from stream_dedup.edges import ListSink, ListSource
+    from stream_dedup.runner import STOP_GRACE_S, Runner
+
+    settings = Settings(index="redis", redis_url=url, batch_size=10)
+    now = int(time.time() * 1000)
+    older = page("http://x/q", TEXT, position_id(now, 0, 0))
+    other = RedisIndex(url, settings.params.stamp)
+    qa = Analyzer(settings).analyze(older)
+    assert older.position is not None
+    other.lookup([_probe(qa, older.position, 0)])  # pending there, for as long as it lives
+    dd = Deduplicator(settings)
+    young = page("http://x/p", NEAR, position_id(now + 5, 1, 0))
+    source, sink = ListSource({"pages/0": [young]}), ListSink()
+    runner = Runner(settings, dd, source, sink, inline=False)
+
+    async def run() -> float:
+        stop = asyncio.Event()
+        task = asyncio.create_task(runner.run(stop))
+        await asyncio.sleep(1.0)  # waiting by now
+        stop.set()
+        stopped = time.monotonic()
+        await asyncio.wait_for(task, 30)
+        return time.monotonic() - stopped
+
+    took = asyncio.run(run())
+    assert STOP_GRACE_S - 0.5 <= took <= STOP_GRACE_S + 3, took
+    assert runner.stats.abandoned == 1 and not sink.decisions
+    assert young.position not in dd.index.leases.held()
+    # released: the older page's instance sees nothing pending from this one
+    record = other.client.hget(*_split(other.layout.record_key(position_id(now + 5, 1, 0))))
+    assert record is not None and record[:1] == b"P"
+    assert int(record[5 + 6:].rstrip(b"f")) == 0  # its lease ended when released
+    dd.close()
+    other.close()
+
+
+def _split(key: bytes) -> tuple[bytes, bytes]:
+    at = key.index(b"}") + 5
+    return key[:at], key[at:]

@@ -52,7 +52,8 @@ import benchlib
 from benchlib import header, table
 
 sys.path.insert(0, str(benchlib.REPO / "tests"))
-from churnkit import MODES, Config, Result, campaign, crawl, problems  # noqa: E402
+from churncheck import Result, problems  # noqa: E402
+from churnkit import MODES, Config, campaign, crawl  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,16 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from churnkit import (
-    MODES,
-    REPO,
-    Config,
-    Item,
-    campaign,
-    crawl,
-    double_keeps,
-    problems,
-)
+from churncheck import double_keeps, problems
+from churnkit import MODES, REPO, Config, Item, campaign, crawl
 from indexkit import flush_redis
 from racekit import group_pages
 

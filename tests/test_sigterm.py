@@ -95,17 +95,19 @@ def _rounds(request: pytest.FixtureRequest, quick: int) -> int:
     return int(os.environ.get("STREAM_DEDUP_TEST_SIGTERM_ROUNDS", quick))
 
 
-@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once", "workers"])
 def test_sigterm_at_start_up_exits_0(kafka_bootstrap: str, service, big_changelog: str,  # type: ignore[no-untyped-def]  # noqa: F811
                                      request: pytest.FixtureRequest, mode: str) -> None:
     """SIGTERM at a random moment of the first seconds: loading the modules, restoring the
     big changelog (exactly-once), joining the group, the first batches."""
-    rng = random.Random(4301 if mode == "exactly-once" else 4302)
+    rng = random.Random(f"4301-{mode}")
     pages = crawl(range(60, 61))
     t = _fill(kafka_bootstrap, pages)
     args = ["--batch-size", "20"]
     if mode == "exactly-once":
         args += ["--exactly-once", "--changelog-topic", big_changelog]
+    if mode == "workers":  # at-least-once, its analysis pool starting or at work
+        args += ["--workers", "2"]
     phases: dict[str, int] = {}
     for round_ in range(_rounds(request, 6)):
         t = {**t, "group": names("g")["group"]}  # from the start each time
@@ -136,13 +138,14 @@ def test_sigterm_during_restore_exits_0(kafka_bootstrap: str, service, big_chang
         clean_exit(svc, term(svc))
 
 
-@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once"])
+@pytest.mark.parametrize("mode", ["exactly-once", "at-least-once", "workers"])
 def test_sigterm_during_a_rebalance_exits_0(kafka_bootstrap: str, service,  # type: ignore[no-untyped-def]  # noqa: F811
                                             request: pytest.FixtureRequest, mode: str) -> None:
     """Three partitions, pages flowing; a second instance joins; the first (or the second)
     is sent SIGTERM while the group rebalances. Both exit 0 in time, every round."""
-    rng = random.Random(4401 if mode == "exactly-once" else 4402)
-    args = ["--batch-size", "10", *(["--exactly-once"] if mode == "exactly-once" else [])]
+    rng = random.Random(f"4401-{mode}")
+    args = ["--batch-size", "10", *(["--exactly-once"] if mode == "exactly-once" else []),
+            *(["--workers", "2"] if mode == "workers" else [])]
     for round_ in range(_rounds(request, 3)):
         pages = crawl(range(60, 63))
         t = _fill(kafka_bootstrap, pages, partitions=3)

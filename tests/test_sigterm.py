@@ -22,6 +22,7 @@ from opskit import wait_for
 from test_exactly_once import _fill, crawl, read_committed
 from test_service import (
     Service,
+    decisions_of,
     names,
     service,  # noqa: F401  (the fixture)
 )
@@ -52,7 +53,12 @@ def clean_exit(svc: Service, rc: int) -> None:
     assert rc == 0, f"rc {rc}:\n{text[-4000:]}"
     assert "never retrieved" not in text, text[-4000:]
     assert "shutdown did not finish" not in text, text[-4000:]
-    assert "Traceback" not in text, text[-4000:]
+    # One traceback is expected: with --workers, a SIGTERM to the group while the
+    # forkserver starts (before it ignores the stop signals: workers.py) kills it, and the
+    # pool says so (analysis.py) and analyses in the deciding thread meanwhile
+    tracebacks = text.count("Traceback")
+    known = text.count("the analysis worker processes did not start")
+    assert tracebacks <= known, text[-4000:]
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +167,8 @@ def test_sigterm_during_a_rebalance_exits_0(kafka_bootstrap: str, service,  # ty
         clean_exit(victim, term(victim))
         time.sleep(rng.uniform(0.0, 2.0))  # the survivor rebalances again: signal it too
         clean_exit(other, term(other))
+        if mode != "exactly-once":  # a SIGTERM repeats nothing (a refused commit may)
+            sources = [d["source"] for d in decisions_of(kafka_bootstrap, t["decisions"])]
+            repeated = len(sources) - len(set(sources))
+            refused = "commit refused" in first.text() + second.text()
+            assert repeated == 0 or refused, (round_, repeated)

@@ -172,3 +172,40 @@ def test_sigterm_during_a_rebalance_exits_0(kafka_bootstrap: str, service,  # ty
             repeated = len(sources) - len(set(sources))
             refused = "commit refused" in first.text() + second.text()
             assert repeated == 0 or refused, (round_, repeated)
+
+
+class _StopSwallowsACancel:
+    """A client whose stop() goes on once after being cancelled (as a consumer's stop
+    waiting for its coordination task inside a rebalance can), then ends at the next."""
+
+    def __init__(self) -> None:
+        self.cancels = 0
+
+    async def stop(self) -> None:
+        while True:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancels += 1
+                if self.cancels > 1:
+                    raise
+
+
+def test_closing_a_client_is_bounded_even_if_its_stop_ignores_a_cancel() -> None:
+    """stop_within gives up on such a client within its bound (it used asyncio.wait_for,
+    which after the timeout waits for the cancelled stop to end: here, for ever)."""
+    from stream_dedup.kafka_client import stop_within
+
+    loop = asyncio.new_event_loop()
+    try:
+        client = _StopSwallowsACancel()
+        closing = loop.create_task(stop_within(client, 0.2))  # type: ignore[arg-type]
+        started = time.monotonic()
+        loop.run_until_complete(asyncio.wait({closing}, timeout=5))
+        assert closing.done(), "stop_within still waiting after 5 s"
+        assert time.monotonic() - started < 3.0
+        for task in asyncio.all_tasks(loop):  # the stop left behind ends at a 2nd cancel
+            task.cancel()
+        loop.run_until_complete(asyncio.sleep(0.1))
+    finally:
+        loop.close()

@@ -103,9 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     faults = Faults.parse(args.crash_at, exit=True) if args.crash_at else None
     settings = settings_of(args)
     _settle_gc()
-    if SIGNALS.first is not None:
-        logging.getLogger("stream_dedup.service").info(
-            "%s before the service started: exiting", SIGNALS.first.name)
+    if SIGNALS.first is not None:  # installed by the package's import (signals.py)
         return 0
     return asyncio.run(serve(settings, faults=faults))
 
@@ -384,9 +382,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if list(sys.argv[1:] if argv is None else argv)[:1] == ["serve"]:
-        # Before anything slow: a SIGTERM while the rest loads stops it, not kills it.
-        SIGNALS.install()
     args = build_parser().parse_args(argv)
     keep_heap()
     try:

@@ -3,7 +3,7 @@
 Kubernetes (or systemd, or Ctrl-C) may signal at any time: while the modules load, while the
 index is read or restored, in a rebalance, while the clients close. The default action of
 SIGTERM kills the process (rc -15), so the handler is installed before anything slow (the
-package's `__init__`, first thing, for `stream-dedup serve`; `cli.main` again), records a
+package's `__init__`, first thing, for `stream-dedup serve`; `serve()` again), records a
 signal that comes before the service's loop runs, and is never given back to the default
 (asyncio's `add_signal_handler` is not used: closing the loop would restore SIG_DFL, and a
 second signal while the process exits would kill it).

@@ -201,13 +201,17 @@ class KafkaSource:
     @contextlib.asynccontextmanager
     async def hold(self, batch: Batch) -> AsyncIterator[Batch]:
         async with self.lock:
-            owned = self.consumer.assignment()
-            kept = [r for r in batch.records if TopicPartition(r.topic, r.partition) in owned]
-            if len(kept) < len(batch.records):
-                log.info("abandoned %d records of revoked partitions (not committed)",
-                         len(batch.records) - len(kept))
-                batch = _batch(kept, batch.received)
-            yield batch
+            yield self.owned(batch)
+
+    def owned(self, batch: Batch) -> Batch:
+        """The batch's records of the partitions still assigned (under the lock)."""
+        owned = self.consumer.assignment()
+        kept = [r for r in batch.records if TopicPartition(r.topic, r.partition) in owned]
+        if len(kept) == len(batch.records):
+            return batch
+        log.info("abandoned %d records of revoked partitions (not committed)",
+                 len(batch.records) - len(kept))
+        return _batch(kept, batch.received)
 
     def item(self, record: Any) -> Page | Rejected:
         return page_from_message(

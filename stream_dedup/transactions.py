@@ -277,13 +277,7 @@ class TransactionalSource(KafkaSource):
                          "owner)", len(batch.records), ", ".join(streams))
                 yield Batch([])
                 return
-            owned = self.consumer.assignment()
-            kept = [r for r in batch.records if TopicPartition(r.topic, r.partition) in owned]
-            if len(kept) < len(batch.records):
-                log.info("abandoned %d records of revoked partitions (not committed)",
-                         len(batch.records) - len(kept))
-                batch = _batch(kept, batch.received)
-            yield batch
+            yield self.owned(batch)
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass  # committed with the batch's transaction

@@ -73,7 +73,8 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                    900.0, 3600.0, 4 * 3600.0, 86400.0)
 # A shared index's round trip: a pipelined batch of commands, tenths of a ms to tens of ms.
 REDIS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
-REDIS_OPERATIONS = ("register", "read", "peek", "docs", "claim", "count", "stats", "ping")
+REDIS_OPERATIONS = ("register", "join", "read", "peek", "sweep", "docs", "claim", "renew",
+                    "release", "count", "stats", "ping")
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
                   30.0)
 # Index statistics can cost O(pages) (the memory index sums its documents): refresh them at
@@ -151,6 +152,13 @@ class Metrics:
         self.redis_errors = Counter("stream_dedup_redis_errors", "Failed round trips to the "
                                     "shared Redis index, by operation (the batch is decided "
                                     "again)", ["operation"], registry=r)
+        self.redis_waits = Counter("stream_dedup_redis_waits", "Pages asked again in a later "
+                                   "round because an older page they collide with was pending "
+                                   "on another instance (shared index)", registry=r)
+        self.redis_lost = Counter("stream_dedup_redis_lost_claims", "Claims another instance "
+                                  "made first: the page was decided again (shared index)",
+                                  registry=r)
+        self._protocol: tuple[int, int] = (0, 0)  # the index's waits and lost claims so far
         for op in REDIS_OPERATIONS:  # zero without a Redis index: dashboards stay whole
             self.redis_seconds.labels(op)
             self.redis_errors.labels(op)
@@ -262,6 +270,12 @@ class Metrics:
             self.index_pages.set(len(index))
         except IndexUnavailable:  # a shared index that cannot answer now: counted elsewhere
             pass
+        now = (getattr(index, "waits", 0), getattr(index, "lost", 0))  # a shared index's
+        seen = self._protocol if all(n >= o for n, o in zip(now, self._protocol, strict=True)
+                                     ) else (0, 0)  # (an index reopened: counted afresh)
+        self.redis_waits.inc(now[0] - seen[0])
+        self.redis_lost.inc(now[1] - seen[1])
+        self._protocol = now
         self._index_changed = True
         if time.monotonic() >= self._next_index_stats:
             self._index_gauges(index)

@@ -18,6 +18,7 @@ from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
 from stream_dedup.index.base import Claim
 from stream_dedup.index.redis import RedisIndex
+from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, position_id
 from stream_dedup.pipeline import Analyzer, Deduplicator, _probe
 
@@ -129,10 +130,12 @@ def test_a_page_waits_for_an_older_one_as_long_as_it_takes(url: str) -> None:
     thread = threading.Thread(target=finish_later)
     thread.start()
     started = time.monotonic()
-    d = Deduplicator(settings).check_batch([page("http://x/p", NEAR,
+    metrics = Metrics(settings, process=False)
+    d = Deduplicator(settings, observer=metrics).check_batch([page("http://x/p", NEAR,
                                                  position_id(now + 5, 1, 0))])[0]
     thread.join()
     assert time.monotonic() - started >= 1.9
+    assert metrics.redis_waits._value.get() >= 2  # rounds it waited, exported
     assert (d.decision, d.duplicate_of and d.duplicate_of.url) == ("drop", "http://x/q")
 
 

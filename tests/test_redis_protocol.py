@@ -218,10 +218,18 @@ def test_a_page_given_up_is_released_at_once(two) -> None:  # type: ignore[no-un
     assert not claim(a, OLD_PAGE, OLD, stale), "a released page's claim must not hold"
     old = finish(a, OLD_PAGE, OLD)
     assert (old.decision.decision, old.decision.duplicate_of.page_id) == ("drop", YOUNG)
-    ask(a, OLD_PAGE, OLD)  # pending again ...
-    held = a.leases.held()
-    a.close()  # ... no: final. An index closed releases what it still holds.
-    assert held == []
+    assert a.leases.held() == []  # final: nothing left to renew
+
+
+def test_an_index_closed_releases_the_pages_it_holds(redis_url: str) -> None:
+    flush_redis(redis_url)
+    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp) for _ in range(2))
+    ask(a, OLD_PAGE, OLD)
+    assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
+    a.close()  # a stop: nobody waits for what it was deciding
+    young = finish(b, YOUNG_PAGE, YOUNG)
+    assert young.decision.decision == "keep"
+    b.close()
 
 
 def test_a_lease_that_ran_out_is_not_renewed(two) -> None:  # type: ignore[no-untyped-def]

@@ -112,15 +112,7 @@ def test_a_non_retriable_error_exits_1(kafka_bootstrap: str, service) -> None:  
     value = json.dumps({"url": "https://keyless.example/", "html": "<p>no key here</p>"})
     subprocess.run(["kcat", "-P", "-b", kafka_bootstrap, "-t", t["input"]],
                    input=value.encode() + b"\n", check=True, timeout=60)
-    svc = service(t, "--exactly-once")
-    started = time.monotonic()
-    try:
-        rc = svc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after 60 s:\n{svc.text()[-3000:]}")
-    text = svc.text()
-    assert rc == 1, text[-3000:]
-    assert time.monotonic() - started < 60
+    text = _exits_1(service(t, "--exactly-once"))
     assert "starting over" not in text
     # aiokafka 0.14 does not know InvalidRecord (87): UnknownError, and the log says so
     assert re.search(r"ERROR .*stopping: .*UnknownError.*InvalidRecord.*refused for good",
@@ -134,13 +126,7 @@ def test_a_changelog_topic_that_deletes_is_refused(
     t = _fill(kafka_bootstrap, crawl(range(60, 61))[:10])
     create_topic(kafka_bootstrap, f"{t['group']}-index-changelog",
                  **{"cleanup.policy": "delete"})
-    svc = service(t, "--exactly-once")
-    try:
-        rc = svc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running after 60 s:\n{svc.text()[-3000:]}")
-    text = svc.text()
-    assert rc == 1, text[-3000:]
+    text = _exits_1(service(t, "--exactly-once"))
     assert "cleanup.policy" in text and "compact" in text
     assert _decided(kafka_bootstrap, t) == 0
 
@@ -183,3 +169,14 @@ def test_instances_sharing_a_changelog_learn_each_others_pages(
         dd.close()
     kept_urls = {d["url"] for d in got if d["decision"] == "keep"}
     assert held == len(kept_urls), (held, len(kept_urls))
+
+
+def _exits_1(svc) -> str:  # type: ignore[no-untyped-def]
+    """The service's log, once it has exited 1 (within 60 s: else the test fails)."""
+    try:
+        rc = svc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running after 60 s:\n{svc.text()[-3000:]}")
+    text = svc.text()
+    assert rc == 1, text[-3000:]
+    return str(text)

@@ -79,7 +79,7 @@ class Leases(ScriptClient):
         if not ids:
             return
         try:
-            self._on_records("release", ids, ())
+            self._on_records("release", ids, 0)
         except IndexUnavailable as exc:
             log.info("could not release %d pages' leases (%s): they run out within %.0f s",
                      len(ids), exc, self.lease_ms / 1000)
@@ -89,7 +89,7 @@ class Leases(ScriptClient):
         ids = self.held()
         if not ids:
             return 0
-        return sum(int(n or 0) for n in self._on_records("renew", ids, (self.lease_ms,)))
+        return sum(int(n or 0) for n in self._on_records("renew", ids, self.lease_ms))
 
     def close(self, release: bool = True) -> None:
         """Stop renewing; with `release`, the pages still held are released (a stop, the
@@ -100,15 +100,16 @@ class Leases(ScriptClient):
             self.release(self.held())
         self.client.close()
 
-    def _on_records(self, script: str, page_ids: list[int], header: tuple[Any, ...]
+    def _on_records(self, operation: str, page_ids: list[int], lease_ms: int
                     ) -> list[Any]:
+        """One round trip of the lease script (lease_ms 0: release) on `page_ids`' records."""
         nodes = self._shard_nodes()
         items = []
         for q in page_ids:
             key = self._record_key(q)
             items.append((nodes[q % SHARDS], key, (key,), 1))
-        with self._call(script):
-            return self._rounds((script, items, header))[0]
+        with self._call(operation):
+            return self._rounds(("lease", items, (lease_ms,)))[0]
 
     def _renew_loop(self) -> None:
         while not self._stop.wait(RENEW_EVERY_S):

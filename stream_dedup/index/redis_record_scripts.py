@@ -189,39 +189,25 @@ end
 return out
 """
 
-# Leases. ARGV: the lease (ms), then the keys of pages this instance is deciding. A PENDING
-# record whose lease has not run out gets a new one (its flag stays); one whose lease ran
-# out is left alone: other instances may have gone on as if it were not there, so it must
-# register (and read) again before it can be claimed. Returns per key 1 (renewed) or 0.
-_RENEW = _FLAGS + _COMMON + _RECORD + """
-local lease, out = tostring(now + tonumber(ARGV[1])), {}
+# Leases. ARGV: the new lease (ms; 0: released), then the keys of pages this instance is
+# deciding. Renewed: a PENDING record whose lease has not run out gets a new one; one whose
+# lease ran out is left alone (other instances may have gone on as if it were not there, so
+# it must register and read again before its claim can hold). Released (a batch given up,
+# the instance leaving): a PENDING record's lease ends now, so others read it as past its
+# lease at once and its own claim fails. The flag stays. Returns per key 1 (changed) or 0.
+_LEASE = _FLAGS + _COMMON + _RECORD + """
+local ms, out = tonumber(ARGV[1]), {}
+local lease = ms == 0 and '0' or tostring(now + ms)
 for i = 2, #ARGV do
   local bucket, field = split(ARGV[i])
   local v = record(call('HGET', bucket, field))
-  if v and sub(v, 1, 1) == 'P' and lease_end(v) >= now then
+  if v and sub(v, 1, 1) == 'P' and (ms == 0 or lease_end(v) >= now) then
     call('HSET', bucket, field, sub(v, 1, REF_BYTES + 5) .. lease
                                 .. (sub(v, -1) == 'f' and 'f' or ''))
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
-end
-return out
-"""
-
-# Leases given up: pages an instance stops deciding (a batch abandoned, the instance
-# leaving). ARGV: the keys. A PENDING record's lease ends now (its flag stays): other
-# instances read it as past its lease at once, and its own claim fails. Returns per key 0.
-_RELEASE = _FLAGS + _COMMON + _RECORD + """
-local out = {}
-for i = 1, #ARGV do
-  local bucket, field = split(ARGV[i])
-  local v = record(call('HGET', bucket, field))
-  if v and sub(v, 1, 1) == 'P' then
-    call('HSET', bucket, field, sub(v, 1, REF_BYTES + 5) .. '0'
-                                .. (sub(v, -1) == 'f' and 'f' or ''))
-  end
-  out[#out + 1] = 0
 end
 return out
 """

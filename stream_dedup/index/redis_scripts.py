@@ -14,11 +14,10 @@ from __future__ import annotations
 from .redis_lua import _COMMON, _FLAGS, source
 from .redis_record_scripts import (
     _FINISH,
+    _LEASE,
     _PEEK,
     _RECORDS,
     _REGISTER,
-    _RELEASE,
-    _RENEW,
     _RETIRE,
 )
 
@@ -252,5 +251,4 @@ return 0
 
 SCRIPTS = {name: source(src) for name, src in {
     "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "renew": _RENEW,
-    "release": _RELEASE}.items()}
+    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "lease": _LEASE}.items()}

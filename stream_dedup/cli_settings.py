@@ -22,6 +22,7 @@ class Flag:
     choices: Sequence[str] | None = None
     serve_only: bool = False  # replay does not use it
     replay_help: str | None = None  # replay uses the flag, but not the setting's default
+    repeatable: bool = False  # given several times: joined by commas
 
 
 # Every setting `serve` uses, by group, in the order --help shows them. Each flag's help
@@ -120,8 +121,18 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("memory_records_dir", "memory index: the directory of that file (default: "
              "$TMPDIR, else /var/tmp, on disk where /tmp is a tmpfs; a warning if it is in "
              "RAM)", "DIR"),
-        Flag("retention_days", "lsm, redis: forget pages crawled more than DAYS ago, while "
-             "running (0 = never)", "DAYS"),
+        Flag("retention_days", "forget pages crawled (or, without a crawl time, kept) more "
+             "than DAYS ago, while running (0 = never)", "DAYS"),
+    ],
+    "namespaces: many crawls or collections in one index, none matching another": [
+        Flag("namespace", "decide pages in this namespace: its own matches, URL versions "
+             "and counts (default: the default namespace)", "NAME"),
+        Flag("namespace_field", "a page's namespace from this message field (JSON "
+             "formats; a.b nested) or Kafka header (html, warc), e.g. crawlid; a message "
+             "without it: --namespace", "FIELD"),
+        Flag("namespace_read", "also match against this namespace, never writing to it "
+             "(e.g. a reference collection); repeat it or comma-separate", "NAME",
+             repeatable=True),
     ],
     "Kafka": [
         Flag("bootstrap_servers", "Kafka brokers", "HOST:PORT[,..]"),
@@ -203,7 +214,9 @@ def setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
                     f"{flag.help} [env {ENV_PREFIX}{flag.name.upper()}, default "
                     f"{_shown(default)}]").replace("%", "%%")
             option = "--" + flag.name.replace("_", "-")
-            if isinstance(default, bool):
+            if flag.repeatable:
+                group.add_argument(option, action="append", metavar=flag.metavar, help=text)
+            elif isinstance(default, bool):
                 group.add_argument(option, action=argparse.BooleanOptionalAction,
                                    default=None, help=text)
             else:
@@ -214,4 +227,7 @@ def setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
 
 def settings_of(args: argparse.Namespace) -> Settings:
     overrides = {name: getattr(args, name, None) for name in Settings.names()}
+    for name, value in overrides.items():
+        if isinstance(value, list):  # a repeatable flag
+            overrides[name] = ",".join(value)
     return Settings.load(config_file=args.config, overrides=overrides)

@@ -137,7 +137,15 @@ class Settings:
     # ~240 bytes a page of RAM; or "ram" (all of it in RAM)
     memory_records: str = "disk"
     memory_records_dir: str = ""
-    retention_days: float = 0.0  # LSM, Redis: forget pages crawled longer ago (0 = keep forever)
+    retention_days: float = 0.0  # forget pages crawled longer ago (0 = keep forever)
+    # --- namespaces (namespaces.py): many crawls in one index, none matching another ---
+    namespace: str = ""  # the namespace pages are decided in ("": the default one)
+    # A message field (JSON formats) or Kafka header (html, warc) naming a page's namespace
+    # (absent in a message: `namespace`), e.g. Scrapy Cluster's "crawlid"
+    namespace_field: str = ""
+    # Namespaces also matched against, never written to, comma-separated (a reference
+    # collection)
+    namespace_read: str = ""
     # --- derived ---
     params: Params = field(init=False, repr=False, compare=False)
 
@@ -205,6 +213,7 @@ class Settings:
                               f"{self.input_format!r} is not JSON ({' or '.join(JSON_FORMATS)})")
         json_field_map(self.json_fields)
         carry_names(self.carry_fields)
+        self._check_namespaces()
         if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:
             raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
         if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
@@ -232,6 +241,29 @@ class Settings:
             raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
         if self.stall_seconds <= 0:
             raise ConfigError("stall_seconds must be > 0")
+
+    def _check_namespaces(self) -> None:
+        from .namespaces import NamespaceError, check_name
+
+        try:
+            if self.namespace:
+                check_name(self.namespace, "namespace")
+            for name in self.read_namespaces:
+                check_name(name, "namespace_read")
+        except NamespaceError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.namespace_field:
+            _field_path(self.namespace_field, "namespace_field")
+
+    @property
+    def read_namespaces(self) -> tuple[str, ...]:
+        """The namespaces also matched against (namespace_read), in order, once each."""
+        names = [n.strip() for n in self.namespace_read.split(",")]
+        if any(not n for n in names) and self.namespace_read.strip():
+            from .namespaces import check_name
+
+            check_name("", "namespace_read")
+        return tuple(dict.fromkeys(n for n in names if n))
 
     @property
     def contains_on(self) -> bool:

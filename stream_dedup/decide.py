@@ -96,12 +96,15 @@ def decide_batch(
     answer for `analyses[i]`, whose id is `page_ids[i]` and whose URL's key (core/urls.py)
     is `url_keys[i]` (None, or a key 0: no URL versions). `keep_ids` False: kept pages get
     no page_id in their decision (a question, not a decision)."""
-    overlay = Overlay()
+    overlays: dict[str, Overlay] = {}  # a namespace's pages see only each other
     out: list[Verdict] = []
     last = len(analyses) - 1  # no page after it to see it (one page: `check`)
     keys = url_keys if url_keys is not None else [0] * len(analyses)
     for i, (a, pid, answer, key) in enumerate(zip(analyses, page_ids, answers, keys,
                                                   strict=True)):
+        overlay = overlays.get(a.page.namespace or settings.namespace)
+        if overlay is None:
+            overlay = overlays[a.page.namespace or settings.namespace] = Overlay()
         try:
             v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
         except MissingRecord as missing:

@@ -33,8 +33,9 @@ from .index import index_for
 from .index.base import Change, FeatureIndex, Plan
 from .memo import Memo, analyse_batch
 from .models import Decision, Page, Rejected
+from .namespaces import Forget, salt
 from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
-from .rounds import _probe, decide_in_rounds
+from .rounds import ask, decide_in_rounds
 
 log = logging.getLogger("stream_dedup")
 __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
@@ -127,7 +128,7 @@ class Deduplicator:
                 return Decision(page.url, "reject", a.error.kind, error=a.error.message,
                                 source=page.source)
             key = self.url_key(page)
-            answers = self.index.lookup([_probe(a, 0, key)], register=False)
+            answers = ask(self, [a], [0], [key], register=False)
             verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False,
                                    url_keys=[key])[0]
             assert verdict.decision is not None, "a fully analysed page is always decided"
@@ -186,7 +187,8 @@ class Deduplicator:
                     ready.append(given)
             ids = self._ids([p for _, p in pages])
             # An exact copy of a stored page needs no analysis: its raw fingerprint decides.
-            stored = self.index.stored(fps)
+            stored = self.index.stored([fp ^ salt(self.namespace_of(p))
+                                        for fp, (_, p) in zip(fps, pages, strict=True)])
         analyses = analyse_batch(self.analyzer, self._memo, self.lock,
                                  [p for _, p in pages], fps, stored, pool, ready)
         with self.lock:
@@ -260,6 +262,23 @@ class Deduplicator:
             taken, self.journal = self.journal, []
             return taken
 
+    def namespace_of(self, page: Page) -> str:
+        """The page's namespace: its own (--namespace-field), else the process's."""
+        return page.namespace or self.settings.namespace
+
+    def forget(self, what: Forget) -> list[int]:
+        """Forget the held pages `what` selects (every backend; FeatureIndex.forget); their
+        page ids. Journaling (exactly-once), each is written to the changelog with the next
+        batch, so that a restored index forgets it too."""
+        if what.url is not None and not what.url_key:
+            what = replace(what, url_key=self.urls.key(what.url))
+        with self.lock:
+            gone = self.index.forget(what)
+            if self.journal is not None:
+                self.journal += [Change(None, page_id) for page_id in gone]
+            self._recent.clear()  # a page delivered again is decided afresh
+            return gone
+
     def url_key(self, page: Page) -> int:
         """The key of the page's URL (for a revisit record, of the URL it refers to)."""
         url = page.url
@@ -278,13 +297,12 @@ class Deduplicator:
         with self.lock:
             self.index.begin(plan)
 
-    def expire(self, older_than: datetime, limit: int = 10_000) -> int:
-        """Forget pages crawled before `older_than` (persistent index only; 0 otherwise)."""
-        expire = getattr(self.index, "expire", None)
-        if expire is None:
+    def expire(self, older_than: datetime) -> int:
+        """Forget the pages of every namespace crawled (or kept) before `older_than`
+        (retention_days); a Redis index's keys expire by themselves. The pages forgotten."""
+        if getattr(self.index, "expires_itself", False):
             return 0
-        with self.lock:
-            return int(expire(older_than, limit))
+        return len(self.forget(Forget(None, before=older_than.timestamp())))
 
     def close(self) -> None:
         with self.lock:

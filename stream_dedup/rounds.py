@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING
 
 from .decide import Analysis, decide_batch
 from .errors import IndexUnavailable
-from .index.base import WAIT, Change, Claim, FeatureIndex, Probe
+from .index.base import WAIT, Answer, Change, Claim, FeatureIndex, Probe
 from .models import Decision, Page
+from .namespaces import merge_answers, salted_doc, salted_probe
 from .observe import StageTimes
 
 if TYPE_CHECKING:
@@ -31,10 +32,35 @@ if TYPE_CHECKING:
 MAX_ROUNDS = 50
 
 
-def _probe(a: Analysis, page_id: int, url_key: int) -> Probe:
-    """What a page asks the index: exact layers only unless it has features."""
+def _probe(a: Analysis, page_id: int, url_key: int, namespace: str = "") -> Probe:
+    """What a page asks the index, in its namespace: exact layers only unless it has
+    features."""
     canonical = a.canonical_fp if a.text_length > 0 else None
-    return Probe(page_id, a.raw_fp, canonical, a.features, url_key)
+    return salted_probe(Probe(page_id, a.raw_fp, canonical, a.features, url_key), namespace)
+
+
+def ask(dd: Deduplicator, analyses: list[Analysis], ids: list[int], keys: list[int], *,
+        register: bool = True, records: list[int] | tuple[()] = ()) -> list[Answer]:
+    """The index's answers for these pages, each in its namespace, with what the namespaces
+    read (--namespace-read) hold: a read-only lookup a namespace read (namespaces.py)."""
+    spaces = [dd.namespace_of(a.page) for a in analyses]
+    answers = dd.index.lookup([_probe(a, pid, key, ns) for a, pid, key, ns
+                               in zip(analyses, ids, keys, spaces, strict=True)],
+                              register=register, records=records)
+    reads = dd.settings.read_namespaces
+    if not reads:
+        return answers
+    others: list[list[Answer]] = [[] for _ in analyses]
+    for name in reads:
+        which = [k for k, ns in enumerate(spaces) if ns != name]
+        if not which:
+            continue
+        got = dd.index.lookup([_probe(analyses[k], ids[k], 0, name) for k in which],
+                              register=False)
+        for k, answer in zip(which, got, strict=True):
+            others[k].append(answer)
+    return [merge_answers(own, more, dd.settings.max_posting)
+            for own, more in zip(answers, others, strict=True)]
 
 
 def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[int],
@@ -56,8 +82,8 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
     records: list[int] = []  # records the decide step asked for (Verdict.missing)
     while todo:
         started = perf_counter()
-        answers = dd.index.lookup([_probe(analyses[k], ids[k], keys[k]) for k in todo],
-                                    records=records)
+        answers = ask(dd, [analyses[k] for k in todo], [ids[k] for k in todo],
+                      [keys[k] for k in todo], records=records)
         live = []
         later = []
         for k, answer in zip(todo, answers, strict=True):
@@ -77,9 +103,10 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
                                 [ans for _, ans in live], dd.settings,
                                 url_keys=[keys[k] for k, _ in live])
         decided = perf_counter()
-        claims = [Claim(_probe(analyses[k], ids[k], keys[k]), v.doc, v.decision,
-                        v.depends_on, v.replaces, v.replaces_in_batch)
-                  for (k, _), v in zip(live, verdicts, strict=True)]
+        spaces = [dd.namespace_of(analyses[k].page) for k, _ in live]
+        claims = [Claim(_probe(analyses[k], ids[k], keys[k], ns), salted_doc(v.doc, ns),
+                        v.decision, v.depends_on, v.replaces, v.replaces_in_batch)
+                  for (k, _), v, ns in zip(live, verdicts, spaces, strict=True)]
         won = dd.index.claim(claims)
         if dd.journal is not None:
             dd.journal += kept_changes(dd.index, claims, won)

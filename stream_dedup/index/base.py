@@ -29,9 +29,12 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from ..namespaces import Forget
 
 RAW, CANONICAL = 0, 1
 
@@ -51,6 +54,8 @@ class StoredDoc:
     page_id: int = 0  # public: the input position, or a local number (see local_ids)
     shingles: bytes = b""  # its shingles' top 32 bits (exact verification); b"": none
     url_key: int = 0  # its URL's key (core/urls.py): a URL has one version held
+    # Its namespace (namespaces.py): its keys above are salted with it; "" the default
+    namespace: str = ""
 
 
 @dataclass(slots=True)
@@ -102,9 +107,9 @@ class Claim:
 @dataclass(slots=True, frozen=True)
 class Change:
     """A kept page as an index's changelog carries it (changelog.py): its record, and the
-    page id of the version of its URL it replaced."""
+    page id of the version of its URL it replaced; or (doc None) a page forgotten, by id."""
 
-    doc: StoredDoc
+    doc: StoredDoc | None
     replaced: int | None = None
 
 
@@ -148,6 +153,17 @@ class FeatureIndex(Protocol):
 
     def stats(self) -> dict[str, float]:
         """Pages, entries and bytes held (for operators and benchmarks)."""
+        ...
+
+    def forget(self, what: Forget) -> list[int]:
+        """Forget the held pages `what` selects (namespaces.Forget), from every structure:
+        keys, fingerprints, URL map, records; a later fetch of one is decided as if never
+        seen. The page ids forgotten. Safe between batches (the Deduplicator's lock)."""
+        ...
+
+    def namespaces(self) -> dict[str, dict[str, Any]]:
+        """Per namespace held ("" the default): {"pages": n, "oldest": ISO time of its
+        oldest page's crawl (or store), or None}."""
         ...
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:

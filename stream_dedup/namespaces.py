@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -38,6 +38,7 @@ MAX_NAME = 128
 # Printable, no spaces or separators a label, a path or a Kafka header would trip on.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+\-/]{0,127}")
 _salts: dict[str, int] = {DEFAULT: 0}
+_np_salts: dict[str, np.uint64] = {DEFAULT: np.uint64(0)}
 
 
 class NamespaceError(ValueError):
@@ -65,30 +66,33 @@ def salt(name: str) -> int:
         got = int.from_bytes(digest, "little") or 1
         if len(_salts) < 4096:
             _salts[name] = got
+            _np_salts[name] = np.uint64(got)
     return got
+
+
+def _np_salt(name: str) -> np.uint64:
+    got = _np_salts.get(name)
+    return np.uint64(salt(name)) if got is None else got
 
 
 def salted_probe(p: Probe, name: str) -> Probe:
     """The probe as the index sees it in namespace `name` (itself in the default one)."""
-    s = salt(name)
-    if not s:
+    if not name:
         return p
-    return replace(p, raw_fp=p.raw_fp ^ s,
-                   canonical_fp=None if p.canonical_fp is None else p.canonical_fp ^ s,
-                   features=None if p.features is None else p.features ^ np.uint64(s),
-                   url_key=p.url_key ^ s if p.url_key else 0)
+    s = salt(name)
+    return type(p)(p.page_id, p.raw_fp ^ s, None if p.canonical_fp is None else p.canonical_fp ^ s,
+                   None if p.features is None else p.features ^ _np_salt(name),
+                   p.url_key ^ s if p.url_key else 0)
 
 
 def salted_doc(doc: StoredDoc | None, name: str) -> StoredDoc | None:
     """A kept page's record as the index stores it in namespace `name`."""
-    if doc is None:
-        return None
-    s = salt(name)
-    if not s:
+    if doc is None or not name:
         return doc
-    return replace(doc, raw_fp=doc.raw_fp ^ s, canonical_fp=doc.canonical_fp ^ s,
-                   features=doc.features ^ np.uint64(s),
-                   url_key=doc.url_key ^ s if doc.url_key else 0, namespace=name)
+    s = salt(name)
+    return type(doc)(doc.url, doc.features ^ _np_salt(name), doc.sketch, doc.ld_signature,
+                     doc.text_length, doc.raw_fp ^ s, doc.canonical_fp ^ s, doc.fetched_at,
+                     doc.page_id, doc.shingles, doc.url_key ^ s if doc.url_key else 0, name)
 
 
 def unsalted_url_key(doc: StoredDoc) -> int:

@@ -59,8 +59,12 @@ def ask(dd: Deduplicator, analyses: list[Analysis], ids: list[int], keys: list[i
                               register=False)
         for k, answer in zip(which, got, strict=True):
             others[k].append(answer)
-    return [merge_answers(own, more, dd.settings.max_posting)
-            for own, more in zip(answers, others, strict=True)]
+    merged = [merge_answers(own, more, dd.settings.max_posting)
+              for own, more in zip(answers, others, strict=True)]
+    complete = getattr(dd.index, "complete", None)  # a shared index: records it lacks
+    if complete is not None:
+        complete(merged)
+    return merged
 
 
 def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[int],
@@ -79,7 +83,10 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
     todo = [k for k, a in enumerate(analyses) if a.error is None]
     keys = [dd.url_key(a.page) if a.error is None else 0 for a in analyses]
     contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
-    records: list[int] = []  # records the decide step asked for (Verdict.missing)
+    # Records the decide step asked for (Verdict.missing), every one of this batch so far: a
+    # page may need several, found one a round (a page reading other namespaces: records
+    # its own answer did not rank)
+    records: list[int] = []
     while todo:
         started = perf_counter()
         answers = ask(dd, [analyses[k] for k in todo], [ids[k] for k in todo],
@@ -111,8 +118,9 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
         if dd.journal is not None:
             dd.journal += kept_changes(dd.index, claims, won)
         index_s = (asked - started + perf_counter() - decided) / max(1, len(live))
-        records = [h for v in verdicts for h in v.missing]
-        if records or not all(won):
+        missing = [h for v in verdicts for h in v.missing]
+        records = list(dict.fromkeys([*records, *missing]))
+        if missing or not all(won):
             contended += 1
             if contended > MAX_ROUNDS:
                 raise IndexUnavailable(

@@ -1,5 +1,5 @@
 """`stream-dedup replay | serve | index | curve | clusters | sample`: parse arguments ->
-Settings -> run (the settings' flags: cli_settings.py)."""
+Settings -> run (the settings' flags: cli_settings.py; `index`: cli_index.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
+from .cli_index import add_parser as add_index_parser
 from .cli_settings import setting_flags, settings_of
 from .config import Settings
 from .errors import ConfigError, StreamDedupError
@@ -213,31 +214,6 @@ def _replay_http(
         yield
 
 
-def _index(args: argparse.Namespace) -> int:
-    from .index.lsm import LsmIndex
-
-    index = LsmIndex(args.index_path, stamp=None, create=False)
-    try:
-        if args.action == "stats":
-            print(json.dumps({**index.stats(), "stamp": f"{index.stamp:#x}",
-                              "offsets": index.offsets()}, indent=2))
-        elif args.action == "compact":
-            before = index.stats()["disk_bytes"]
-            index.compact()
-            print(f"compacted {args.index_path}: {before:,.0f} -> "
-                  f"{index.stats()['disk_bytes']:,.0f} bytes", file=sys.stderr)
-        else:
-            if not args.target:
-                print("stream-dedup: index export needs a target DIR", file=sys.stderr)
-                return 2
-            index.export(args.target)
-            print(f"exported a consistent copy of {args.index_path} to {args.target}",
-                  file=sys.stderr)
-    finally:
-        index.close()
-    return 0
-
-
 def _curve(args: argparse.Namespace) -> int:
     from .curve import print_curve
 
@@ -326,19 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     setting_flags(sv, serve=True)
     sv.set_defaults(func=_serve)
 
-    ip = sub.add_parser("index", help="inspect or maintain an LSM index: stats, compact, export",
-                        description="Operator commands on a persistent (--index lsm) index. "
-                        "Run them while no service holds the index (RocksDB locks it).",
-                        epilog="examples:\n  stream-dedup index stats --index-path /var/lib/sd\n"
-                        "  stream-dedup index compact --index-path /var/lib/sd\n"
-                        "  stream-dedup index export /backup/sd-2026-11-21 --index-path "
-                        "/var/lib/sd", formatter_class=argparse.RawDescriptionHelpFormatter)
-    ip.add_argument("action", choices=["stats", "compact", "export"],
-                    help="stats: pages, bytes, offsets as JSON; compact: merge files; "
-                    "export DIR: a consistent copy (also a snapshot --warm-from can load)")
-    ip.add_argument("target", nargs="?", metavar="DIR", help="export: where the copy goes")
-    ip.add_argument("--index-path", required=True, metavar="DIR", help="the index directory")
-    ip.set_defaults(func=_index)
+    add_index_parser(sub)
 
     cp = sub.add_parser("curve", help="print (or plot) the filter's acceptance curve P_{k,s,r}",
                         description="The probability that two pages of resemblance rho share "

@@ -201,9 +201,10 @@ def test_check_too_large() -> None:
 
 def test_routes_and_methods() -> None:
     async def go(c: TestClient[Any, Any]) -> None:
-        r = await c.get("/v1/check")
-        assert r.status == 405 and (await r.json())["error"] == "method-not-allowed"
-        assert "POST" in r.headers["Allow"]
+        for path in ("/v1/check", "/v1/forget"):
+            r = await c.get(path)
+            assert r.status == 405 and (await r.json())["error"] == "method-not-allowed"
+            assert "POST" in r.headers["Allow"]
         r = await c.get("/nope")
         assert r.status == 404 and (await r.json())["error"] == "not-found"
     _run(_state(), go)
@@ -224,6 +225,8 @@ def test_token_guards_v1_but_not_health_or_metrics() -> None:
             r = await c.post("/v1/check?url=http://a/", data=b"<p>x</p>",
                              headers={**HTML, **headers})
             assert r.status == 401
+            r = await c.post("/v1/forget", json={"all": True}, headers=headers)
+            assert r.status == 401  # the token is checked first (tests/test_forget_doors.py)
         ok = {"Authorization": "Bearer s3cret"}
         assert (await c.get("/v1/stats", headers=ok)).status == 200
         r = await c.post("/v1/check?url=http://a/", data=b"<p>x</p>", headers={**HTML, **ok})

@@ -5,18 +5,22 @@
     GET  /readyz      broker reachable, index answering, not stalled open (503 when not ready)
     POST /v1/check    the decision a page *would* get; not inserted  bearer token if configured
     GET  /v1/stats    a JSON summary                                 bearer token if configured
+    POST /v1/forget   forget held pages (a namespace's, by url,      bearer token, which must
+                      host, before or all); it changes the index     be configured (else 403)
 
 Errors are JSON, `{"error": kind, "message": ...}`, with a 4xx status that says whose fault
-it is (400 bad input, 401 token, 404/405 route, 413 too large, 415 content type, 503 not
-ready). Everything the handlers need is one `ApiState` under a typed AppKey; the owner
-(service or replay) fills it in. `/v1/check` runs `Deduplicator.would_decide` in a thread:
-the Deduplicator's lock orders it with the batch being decided.
+it is (400 bad input, 401 token missing or wrong, 403 a change this service does not allow,
+404/405 route, 413 too large, 415 content type, 503 not ready). Everything the handlers need
+is one `ApiState` under a typed AppKey; the owner (service or replay) fills it in.
+`/v1/check` runs `Deduplicator.would_decide` in a thread, `/v1/forget` `Deduplicator.forget`:
+the Deduplicator's lock orders each with the batch being decided.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,9 +33,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 from .. import __version__
 from ..config import Settings
 from ..core.canonical import kernels
-from ..errors import PageError
+from ..errors import IndexUnavailable, PageError
 from ..metrics import Metrics
 from ..models import Page
+from ..namespaces import SELECTORS, Forget, NamespaceError, check_name, selector
 from ..pipeline import Deduplicator
 from ..sources.jsonl import page_from_json
 
@@ -129,6 +134,7 @@ def build_app(state: ApiState) -> web.Application:
     app.router.add_get("/readyz", _readyz)
     app.router.add_post("/v1/check", _check)
     app.router.add_get("/v1/stats", _stats)
+    app.router.add_post("/v1/forget", _forget)
     return app
 
 
@@ -165,6 +171,7 @@ class _ServerLog(logging.LoggerAdapter[logging.Logger]):
 
 # --- middlewares ---------------------------------------------------------------------------
 _STATUS_KINDS = {404: "not-found", 405: "method-not-allowed", 413: "too-large"}
+log = logging.getLogger("stream_dedup.http")
 
 
 def _error(status: int, kind: str, message: str,
@@ -250,6 +257,55 @@ async def _stats(request: web.Request) -> web.Response:
     if state.extra_stats is not None:
         body.update(state.extra_stats())
     return web.json_response(body)
+
+
+async def _forget(request: web.Request) -> web.Response:
+    """Forget the held pages a selector chooses. It changes the index, so it needs a token:
+    a service without one refuses (403); one with a token has checked it already (_auth)."""
+    state = request.app[STATE]
+    if not state.settings.http_token:
+        raise ApiError(403, "forbidden", "POST /v1/forget changes the index: it is allowed "
+                       "only on a service with an HTTP token (STREAM_DEDUP_HTTP_TOKEN or the "
+                       "config file's http_token), sent as 'Authorization: Bearer <token>'")
+    dedup = _loaded(state)
+    words, what = _forget_words(await request.read(), state.settings.namespace)
+    started = time.perf_counter()
+    try:
+        gone = await asyncio.to_thread(dedup.forget, what)
+    except IndexUnavailable as err:
+        raise ApiError(503, "index-unavailable", f"nothing was forgotten: {err}") from None
+    seconds = time.perf_counter() - started
+    log.info("POST /v1/forget from %s: forgot %d page(s), %s", request.remote, len(gone),
+             what.describe())
+    return web.json_response({"forgotten": len(gone), "namespace": what.namespace,
+                              "selector": words, "seconds": round(seconds, 3)})
+
+
+def _forget_words(body: bytes, namespace: str) -> tuple[dict[str, Any], Forget]:
+    """The selector of a /v1/forget request, as given and as a Forget: a JSON object of one
+    of url, host, before (strings) or all (true), and a namespace (default: the service's)."""
+    try:
+        words = json.loads(body) if body.strip() else None
+    except ValueError:
+        words = None
+    if not isinstance(words, dict):
+        raise ApiError(400, "bad-json", 'send a JSON object, e.g. {"namespace": "a", '
+                       '"host": "example.com"}: one of url, host, before (ISO 8601), '
+                       'all (true), and optionally namespace')
+    unknown = sorted(set(words) - {"namespace", *SELECTORS})
+    wrong = [name for name, v in words.items() if name not in unknown and not (
+        isinstance(v, bool) if name == "all" else isinstance(v, str))]
+    if unknown or wrong:
+        raise ApiError(400, "bad-selector", f"unknown field(s) {', '.join(unknown)}: the "
+                       "fields are url, host, before, all and namespace" if unknown else
+                       f"{', '.join(wrong)}: all is true or false, the others are strings")
+    try:
+        if "namespace" in words:  # given, even empty: it must name a namespace
+            namespace = check_name(words["namespace"], "namespace")
+        chosen = {k: v for k, v in words.items() if k in SELECTORS and v is not False}
+        return chosen, selector(namespace=namespace, **chosen)
+    except NamespaceError as err:
+        raise ApiError(400, "bad-selector", str(err)) from None
 
 
 def _loaded(state: ApiState) -> Deduplicator:

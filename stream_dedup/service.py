@@ -23,10 +23,12 @@ from aiohttp import web
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
+from . import changelog
 from .config import Settings
 from .edges import Faults
 from .errors import StreamDedupError
 from .http.app import ApiState, Check, app_runner, build_app
+from .index.base import Change
 from .kafka_client import (
     DEFAULT_BATCH,
     make_consumer,
@@ -49,6 +51,7 @@ log = logging.getLogger("stream_dedup.service")
 
 PROBE_TIMEOUT_S = 3.0  # /readyz: how long a metadata request may take
 CLOSE_TIMEOUT_S = 3.0  # closing the clients may wait this long on a broker that is down
+JOURNAL_TIMEOUT_S = 10.0  # /v1/forget: writing its tombstones to the changelog, at most
 RESTART_BACKOFF_S = (1.0, 30.0)  # --exactly-once: waits before a session starts over
 
 
@@ -120,6 +123,20 @@ class Service:
         self.connected = False
         self.task: asyncio.Task[int] | None = None
 
+    async def journal_forget(self, page_ids: list[int]) -> None:
+        """A forget's tombstones on the changelog now, acknowledged (they also go with the
+        next batch's transaction): a restore after a crash forgets those pages too."""
+        producer = make_producer(self.settings, lambda: self.metrics.kafka_error("metadata"))
+        await asyncio.wait_for(producer.start(), JOURNAL_TIMEOUT_S)
+        try:
+            sent = [await producer.send(self.settings.changelog(), None, key=key,
+                                        headers=list(headers), partition=0)
+                    for key, _, headers in changelog.records(
+                        [Change(None, page_id) for page_id in page_ids], "forget")]
+            await asyncio.wait_for(asyncio.gather(*sent), JOURNAL_TIMEOUT_S)
+        finally:
+            await producer.stop()
+
     async def run(self) -> int:
         settings = self.settings
         # Loading an index may take a while; /healthz answers and /readyz says so meanwhile.
@@ -130,6 +147,7 @@ class Service:
             return 2
         if settings.exactly_once and settings.index != "redis":
             dedup.journal = []  # the changelog of the index (transactions.py)
+            self.api.journal = self.journal_forget
         self.api.dedup = dedup
         pool = AnalysisPool(settings, settings.workers) if settings.workers > 1 else None
         if pool is not None:

@@ -6,11 +6,20 @@ other) on one host, with exact copies under a second path."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
+from indexkit import flush_redis
+from opskit import free_port, wait_for
+from test_corpus import CORPORA, HTTPBIS, httpbis_in_revision_order
+from test_service import service  # noqa: F401  (the fixture)
+from warcgen import Resp, write_warc
 
 from stream_dedup import Settings
 from stream_dedup.index import MemoryIndex
@@ -18,9 +27,6 @@ from stream_dedup.namespaces import selector
 from stream_dedup.pipeline import Deduplicator
 from stream_dedup.replay import replay
 from stream_dedup.sinks import MemorySink
-from tests.indexkit import flush_redis
-from tests.test_corpus import CORPORA, HTTPBIS, httpbis_in_revision_order
-from tests.warcgen import Resp, write_warc
 
 pytestmark = pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")
 HOST = "drafts.example"
@@ -128,3 +134,59 @@ def test_a_namespace_read_drops_against_a_reference_without_writing_to_it(
     assert all(d.decision == "drop" for d in sink.decisions)
     assert index.namespaces()["ref"]["pages"] == held
     assert "new" not in index.namespaces()  # nothing kept: all were in the reference
+
+
+@pytest.mark.parametrize("backend", ["memory", "lsm"])
+def test_a_forget_over_http_survives_a_kill_and_a_changelog_restore(
+        kafka_bootstrap: str, service, tmp_path: Path, backend: str) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    """Under --exactly-once, /v1/forget writes its tombstones to the changelog before it
+    answers: killed right after (no batch followed to carry them), the service restores an
+    index that holds none of the pages forgotten (the memory index restores all of it from
+    the changelog; the LSM index had forgotten them on disk already)."""
+    from test_exactly_once import _all_decided, _fill
+    from test_exactly_once import crawl as eo_crawl
+
+    pages = eo_crawl()
+    t = _fill(kafka_bootstrap, pages)
+    token = {"STREAM_DEDUP_HTTP_TOKEN": "s3cret"}
+    args = ["--exactly-once", "--batch-size", "40"]
+    if backend == "lsm":
+        args += ["--index", "lsm", "--index-path", str(tmp_path / "index")]
+
+    def start(log: str) -> tuple[Any, str]:
+        port = free_port()
+        svc = service(t, *args, "--http-port", str(port), log=log, env=token)
+        base = f"http://127.0.0.1:{port}"
+        wait_for("the HTTP API", lambda: _call(base, "/healthz", None)[0] == 200, 60)
+        return svc, base
+
+    first, base = start("first.log")
+    decided = _all_decided(kafka_bootstrap, t, len(pages))
+    kept = [d for d in decided if d["decision"] == "keep"]
+    once = [p for p in pages if sum(u == p[0] for u, _ in pages) == 1]
+    url, html = next(p for p in once if p[0] in {d["url"] for d in kept})
+    assert _call(base, "/v1/check", {"url": url, "html": html})[1]["decision"]["decision"] \
+        == "drop"
+    status, body = _call(base, "/v1/forget", {"all": True})
+    assert status == 200 and body["forgotten"] == len({d["url"] for d in kept})
+    first.stop(signal.SIGKILL)
+
+    final, base = start("final.log")
+    wait_for("restored", lambda: "restored" in final.text() or "partitions assigned"
+             in final.text(), 90)
+    status, body = _call(base, "/v1/check", {"url": url, "html": html})
+    assert status == 200 and body["decision"]["decision"] == "keep", body
+    assert final.stop() == 0
+
+
+def _call(base: str, path: str, body: dict | None) -> tuple[int, Any]:
+    request = urllib.request.Request(
+        base + path, data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": "Bearer s3cret", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+    except (urllib.error.URLError, ConnectionError):
+        return 0, None

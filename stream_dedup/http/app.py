@@ -65,6 +65,7 @@ class ApiState:
         index_problem: Callable[[], str] = lambda: "",
         pending: Callable[[], int | None] = lambda: None,
         extra_stats: Callable[[], dict[str, Any]] | None = None,
+        journal: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -73,6 +74,9 @@ class ApiState:
         self.index_problem = index_problem
         self.pending = pending
         self.extra_stats = extra_stats
+        # Writes a forget's page ids where a restored index reads them (the changelog,
+        # exactly-once), acknowledged, before /v1/forget answers; None: nothing to write
+        self.journal = journal
         self.started = time.time()
 
     async def readiness(self) -> dict[str, Check]:
@@ -274,6 +278,13 @@ async def _forget(request: web.Request) -> web.Response:
         gone = await asyncio.to_thread(dedup.forget, what)
     except IndexUnavailable as err:
         raise ApiError(503, "index-unavailable", f"nothing was forgotten: {err}") from None
+    if state.journal is not None and gone:
+        try:
+            await state.journal(gone)
+        except Exception as err:  # noqa: BLE001 (a broker's error, whatever its kind)
+            raise ApiError(503, "not-journaled", f"{len(gone)} page(s) forgotten in this "
+                           f"index, not yet in its changelog ({err}): they go there with the "
+                           "next batch; until then a restore would bring them back") from None
     seconds = time.perf_counter() - started
     log.info("POST /v1/forget from %s: forgot %d page(s), %s", request.remote, len(gone),
              what.describe())

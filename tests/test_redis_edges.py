@@ -20,7 +20,8 @@ from stream_dedup.index.base import Claim
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, position_id
-from stream_dedup.pipeline import Analyzer, Deduplicator, _probe
+from stream_dedup.pipeline import Analyzer, Deduplicator
+from stream_dedup.rounds import _probe
 
 HTML = (("Content-Type", "text/html"),)
 TEXT = " ".join(f"word{i}" for i in range(400))

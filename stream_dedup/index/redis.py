@@ -28,7 +28,8 @@ deciding it; released at once when the instance gives the page up or leaves.
 The rounds: redis_reads.py (join and read the sets, peek at the pages seen, wait, sweep)
 and redis_records.py (claim, leave, retire; the records read back). What is stored where:
 redis_layout.py; the scripts the server runs: redis_scripts.py; connecting and a round of
-script calls: redis_client.py.
+script calls: redis_client.py. Forgetting pages online, and what is held per namespace:
+redis_forget.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from datetime import datetime
 from typing import Any
 
 from ..models import position_id
@@ -55,15 +55,19 @@ from .base import (
     weak_candidates,
 )
 from .redis_client import Observe, connect
+from .redis_forget import Lifecycle
 from .redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
 from .redis_lease import Leases
-from .redis_reads import _EMPTY, SetRounds
+from .redis_reads import _EMPTY
 
 log = logging.getLogger("stream_dedup.index")
 
 
-class RedisIndex(SetRounds):
+class RedisIndex(Lifecycle):
     """A FeatureIndex shared by every instance that opens the same Redis."""
+
+    # Its entries expire by themselves (retention_days): Deduplicator.expire skips it
+    expires_itself = True
 
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
@@ -97,8 +101,8 @@ class RedisIndex(SetRounds):
         self._refs: OrderedDict[int, bytes] = OrderedDict()
         self._records: OrderedDict[int, StoredDoc] = OrderedDict()
         self._next_local = position_id(int(time.time() * 1000), random.getrandbits(16), 0)
-        self._check_stamp(f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}",
-                          self.stamp, self.layout.buckets)
+        self._stamp_text = f"{self.stamp}:{SHARDS}:{FORMAT}:{self.layout.buckets}"
+        self._check_stamp(self._stamp_text, self.stamp, self.layout.buckets)
         with self._call("stamp"):
             self._load_scripts()
         self._check_config()
@@ -245,7 +249,7 @@ class RedisIndex(SetRounds):
         # of pages held changes, in one round trip (none orders anything: a drop leaves
         # after its record is final; a version is retired after the new one is KEEP).
         if leave or kept or retired:
-            self._retire(retired, leave, kept - len(retired))
+            self._retire(retired, leave, kept - len(retired), exact=True)
         return won
 
     def stored(self, raw_fps: Sequence[int]) -> list[bool]:
@@ -326,9 +330,6 @@ class RedisIndex(SetRounds):
 
     def inflight(self) -> Plan | None:
         return None
-
-    def expire(self, older_than: datetime, limit: int = 10_000) -> int:
-        return 0  # keys expire by themselves (retention_days)
 
     def close(self) -> None:
         self.leases.close()  # the pages still held are released: nobody waits for them

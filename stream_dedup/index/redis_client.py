@@ -68,7 +68,7 @@ Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
 
 class ScriptClient:
     """Script calls on a Redis (Cluster), a round trip at a time, timed and counted; and
-    what an operator asks of it (ping, stats, its configuration)."""
+    what an operator asks of it (ping, its configuration; stats: redis_forget.py)."""
 
     def __init__(self, url: str, client: Any, observe: Observe | None) -> None:
         self.url = url
@@ -225,18 +225,6 @@ class ScriptClient:
     def __len__(self) -> int:
         with self._call("count"):
             return int(self.client.get(PAGES) or 0)
-
-    def stats(self) -> dict[str, float]:
-        """Pages kept, keys, and Redis memory summed over every primary (and over the
-        records store's, if it has one)."""
-        with self._call("stats"):
-            keys, used = memory(self.client)
-            out: dict[str, float] = {"pages": len(self), "keys": keys, "redis_used_memory": used}
-            if self.records is not None:
-                out["records_keys"], out["records_used_memory"] = memory(self.records)
-        pages = out["pages"]
-        out["index_bytes_per_page"] = used / pages if pages else 0.0
-        return out
 
     def _shard_nodes(self) -> list[Any]:
         """The node serving each shard (hash tag) now (None for a plain Redis), remembered

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..models import Contained, Decision, DuplicateOf, Previous
+from ..namespaces import pack_url, unpack_url
 from .base import Probe, StoredDoc
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
@@ -78,10 +79,12 @@ LISTPACK_ENTRIES, LISTPACK_VALUE = 128, 64
 SWEEP_S = 3600  # with retention, how often a bucket drops the entries past their time
 STAMP, PAGES = b"stream-dedup:stamp", b"stream-dedup:pages"
 # raw fp, canonical fp, text length, sketch values, signature and shingle set bytes, URL
-# key, features (and band keys), crawl time bytes, then the url. The features are read
-# only to take a replaced version out of its keys (a dropped page's keys: its probe's).
+# key, features (and band keys), crawl time bytes, then the url (outside the default
+# namespace "\0<namespace>\0<url>": namespaces.pack_url). The features are read only to
+# take a replaced version out of its keys (a dropped page's keys: its probe's).
 _DOC_HEAD = struct.Struct("<QQIHIIQHB")
 _NO_FEATURES = np.zeros(0, dtype=np.uint64)
+_NO_SKETCH = np.zeros(0, dtype=np.uint32)
 _JSON = json.JSONEncoder(separators=(",", ":"))  # (json.dumps builds one per call)
 
 
@@ -118,6 +121,12 @@ class Layout:
         # (of the id's low 32 bits: a script finds the bucket from the id's bytes)
         bucket = ((page_id & 0xFFFFFFFF) // SHARDS) % self.record_buckets
         return _RECS[page_id % SHARDS] + bucket.to_bytes(3, "big") + id_bytes(page_id)
+
+    @staticmethod
+    def record_bucket(shard: int, bucket: int) -> bytes:
+        """A record bucket's key (every one: shards x record_buckets; a scan of the kept
+        pages reads them all)."""
+        return _RECS[shard] + bucket.to_bytes(3, "big")
 
     def ref_key(self, ref: int) -> bytes:
         """The entry that holds the id of the page `ref` names (in the page's hash tag)."""
@@ -186,7 +195,7 @@ def encode_doc(doc: StoredDoc) -> bytes:
                           doc.features.shape[0], len(fetched))
     return b"".join((head, doc.sketch.astype("<u4").tobytes(), doc.ld_signature,
                      doc.shingles, doc.features.astype("<u8").tobytes(), fetched,
-                     doc.url.encode("utf-8", "surrogatepass")))
+                     pack_url(doc.namespace, doc.url)))
 
 
 def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
@@ -203,9 +212,35 @@ def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
                 else _NO_FEATURES)
     pos += 8 * n_features
     fetched = raw[pos : pos + n_fetched].decode("utf-8", "replace") or None
-    url = raw[pos + n_fetched :].decode("utf-8", "surrogatepass")
+    namespace, url = unpack_url(raw[pos + n_fetched :])
     return StoredDoc(url, features, sketch, sig, text_length, raw_fp, canonical_fp, fetched,
-                     page_id, tops, url_key)
+                     page_id, tops, url_key, namespace)
+
+
+# Where a record's sketch, signature and shingle set start, and their lengths, in its head:
+# what a scan of the kept pages skips (redis_forget.py reads the head and what follows them)
+DOC_HEAD_BYTES = _DOC_HEAD.size
+
+
+def skipped_bytes(head: bytes) -> int:
+    """Bytes of a record's sketch, signature and shingle set, from its head."""
+    _, _, _, n, n_sig, n_tops, _, _, _ = _DOC_HEAD.unpack_from(head)
+    return 4 * n + n_sig + n_tops
+
+
+def decode_light(raw: bytes, page_id: int) -> StoredDoc:
+    """A record as a scan reads it: its head, then its features, crawl time and URL (no
+    sketch, signature or shingle set: enough to match it, count it and take its keys)."""
+    raw_fp, canonical_fp, text_length, _, _, _, url_key, n_features, n_fetched = \
+        _DOC_HEAD.unpack_from(raw)
+    pos = _DOC_HEAD.size
+    features = (np.frombuffer(raw, "<u8", n_features, pos).astype(np.uint64) if n_features
+                else _NO_FEATURES)
+    pos += 8 * n_features
+    fetched = raw[pos : pos + n_fetched].decode("utf-8", "replace") or None
+    namespace, url = unpack_url(raw[pos + n_fetched :])
+    return StoredDoc(url, features, _NO_SKETCH, b"", text_length, raw_fp, canonical_fp,
+                     fetched, page_id, b"", url_key, namespace)
 
 
 def doc_probe(doc: StoredDoc) -> Probe:

@@ -222,3 +222,36 @@ for i = 1, #ARGV do
 end
 return out
 """
+
+# Record buckets, a scan of the kept pages (forget, namespaces): ARGV: 1 if the verification
+# records are in this Redis (else ''), then record buckets. Returns per bucket a list of its
+# KEEP pages: the id, then (with records here) the record without its sketch, signature and
+# shingle set (its head, then from its features on: redis_layout.decode_light; false: none).
+_HELD = _FLAGS + _COMMON + _RECORD + """
+local function le(s, p, n)
+  local v = 0
+  for i = p + n - 1, p, -1 do v = v * 256 + byte(s, i) end
+  return v
+end
+local function light(key)
+  local head = call('GETRANGE', key, 0, 40)
+  if #head < 41 then return false end
+  local skip = 4 * le(head, 21, 2) + le(head, 23, 4) + le(head, 27, 4)
+  return head .. call('GETRANGE', key, 41 + skip, -1)
+end
+local out, here = {}, ARGV[1] ~= ''
+for i = 2, #ARGV do
+  local bucket = ARGV[i]
+  local tag = sub(bucket, 1, find(bucket, '}', 1, true))
+  local all, kept = call('HGETALL', bucket), {}
+  for j = 1, #all, 2 do
+    local f, v = all[j], record(all[j + 1])
+    if f ~= '~' and v and sub(v, 1, 1) == 'K' then
+      kept[#kept + 1] = f
+      if here then kept[#kept + 1] = light(tag .. 'D' .. f) end
+    end
+  end
+  out[#out + 1] = kept
+end
+return out
+"""

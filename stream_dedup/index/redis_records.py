@@ -175,11 +175,14 @@ class RecordRounds(ScriptClient):
         return out
 
     def _retire(self, versions: list[tuple[int, Probe | None]], leave: list[Any],
-                count: int) -> None:
+                count: int, exact: bool = False) -> dict[int, bytes]:
         """One round trip: each version's record KEEP -> R (its verification record in the
         index's Redis deleted with it) and its ref leaves its keys; also `leave` (drops
         leaving theirs) and the count of pages held by `count`. Then the records store
-        forgets theirs (best effort) and the caches do."""
+        forgets theirs (best effort) and the caches do. `exact`: `count` took one off for
+        each version; one another call retired first (R: a forget and a new version of its
+        URL at once) is given back, so each KEEP -> R counts once. The versions retired
+        (KEEP -> R by this call), with their refs."""
         nodes = self._shard_nodes()
         items = []
         unknown: list[tuple[int, Probe]] = []  # versions whose refs this instance forgot
@@ -197,13 +200,17 @@ class RecordRounds(ScriptClient):
         refs = {q: ref for (q, _), (_, ref) in zip(versions, found, strict=True) if ref}
         later = [item for q, probe in unknown if q in refs
                  for item in self._leave(refs[q], *self.layout.probe_shards(probe))]
-        if later:  # (their records give their refs: one more round trip, rarely)
+        # (a state found other than KEEP or gone: not this call's to count)
+        back = sum(1 for state, _ in found if _text(state) not in ("ok", "")) if exact else 0
+        if later or back:  # (their records give their refs: one more round trip, rarely)
             with self._call("claim"):
-                self._rounds(("leave", later, ()))
+                self._rounds(("leave", later, ()), count=back)
         for q, _ in versions:
             self._finally(q, "R", refs.get(q))
             self._records.pop(q, None)
         self._forget_docs([q for q, _ in versions])
+        return {q: ref for (q, _), (state, ref) in zip(versions, found, strict=True)
+                if _text(state) == "ok"}
 
     def _leave(self, member: bytes, keys: list[bytes], shards: list[int] | None = None
                ) -> list[Any]:
@@ -218,6 +225,10 @@ class RecordRounds(ScriptClient):
                 for node, node_keys in by_node.items()]
 
     # --- plumbing ---------------------------------------------------------------------
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
 
 def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
     cache[key] = value

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .redis_lua import _COMMON, _FLAGS, source
 from .redis_record_scripts import (
     _FINISH,
+    _HELD,
     _LEASE,
     _PEEK,
     _RECORDS,
@@ -233,15 +234,17 @@ while i <= #ARGV do
   for j = i + 2, last do
     local bucket, field = split(ARGV[j])
     local blob = call('GET', bucket)
-    local ids, exps, s, t = run(blob, field)
-    if blob and s < t then
-      for x = #ids, 1, -1 do
-        if ids[x] == m then
-          table.remove(ids, x)
-          table.remove(exps, x)
+    local q = blob and locate(blob, field)
+    if q then  -- the member's entry cut out of its set's (adjacent) entries, if there
+      local w = #field
+      local h, e = layout(blob, w)
+      while q <= #blob and sub(blob, q, q + w - 1) == field do
+        if sub(blob, q + w, q + w + REF_BYTES - 1) == m then
+          save(bucket, sub(blob, 1, q - 1) .. sub(blob, q + e), h)
+          break
         end
+        q = q + e
       end
-      write(bucket, blob, field, s, t, ids, exps)
     end
   end
   i = last + 1
@@ -249,6 +252,38 @@ end
 return 0
 """
 
+# Sets; per bucket: the bucket, how many entries follow, the entries (field and ref) to cut
+# out of it, in one write (forgotten pages leave their keys a bucket at a time: many of them
+# share one).
+_CUT = _FLAGS + _COMMON + _SETS + """
+local i = 1
+while i <= #ARGV do
+  local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
+  local blob = call('GET', bucket)
+  if blob then
+    local h, cut = (layout(blob, 0)), false
+    for j = i + 2, i + 1 + n do
+      local entry = ARGV[j]
+      local _, e = layout(blob, #entry - REF_BYTES)
+      local p = h + 1
+      while true do
+        local q = find(blob, entry, p, true)
+        if not q then break end
+        if (q - h - 1) % e == 0 then
+          blob, cut = sub(blob, 1, q - 1) .. sub(blob, q + e), true
+          break
+        end
+        p = q + 1
+      end
+    end
+    if cut then save(bucket, blob, h) end
+  end
+  i = i + 2 + n
+end
+return 0
+"""
+
 SCRIPTS = {name: source(src) for name, src in {
     "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "lease": _LEASE}.items()}
+    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "lease": _LEASE,
+    "held": _HELD, "cut": _CUT}.items()}

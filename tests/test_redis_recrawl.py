@@ -30,7 +30,7 @@ from stream_dedup.index.base import WAIT, Claim, Probe
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.index.redis_layout import set_members
 from stream_dedup.models import Decision, position_id
-from stream_dedup.pipeline import _probe
+from stream_dedup.rounds import _probe
 
 URL = "http://x.example/page"
 KEY = UrlKeys().key(URL)

@@ -43,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..models import position_id
+from ..namespaces import ChainDocs
 from .base import (
     WAIT,
     Answer,
@@ -61,6 +62,14 @@ from .redis_lease import Leases
 from .redis_reads import _EMPTY
 
 log = logging.getLogger("stream_dedup.index")
+
+
+def _absent(docs: Any, handle: int) -> bool:
+    try:
+        docs[handle]
+    except (KeyError, IndexError):
+        return True
+    return False
 
 
 class RedisIndex(Lifecycle):
@@ -318,6 +327,19 @@ class RedisIndex(Lifecycle):
         if keys:
             out += contain_candidates(postings, keys, common)[: most + 1]
         return out
+
+    def complete(self, answers: Sequence[Answer]) -> None:
+        """Give each answer the record of every page it names that it lacks: answers merged
+        from several lookups (namespaces.merge_answers) rank candidates no one lookup
+        ranked, and the batch's own pages then change that ranking again."""
+        need = {h: None for a in answers if a.prior is None
+                for h in [*self._wanted(a), *(h for ids in a.postings for h in ids)]
+                if _absent(a.docs, h)}
+        if need:
+            docs = self._docs(list(need))
+            for a in answers:
+                if a.prior is None:
+                    a.docs = ChainDocs([docs, a.docs])
 
     def commit(self, offsets: Mapping[str, int] | None = None) -> None:
         pass  # every claim is already stored; the consumer group holds the offsets

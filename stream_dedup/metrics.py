@@ -12,7 +12,9 @@ of one service shows only its own series. Updates are a few lock-protected float
 per page (label children are looked up once and cached), next to 1-3 ms of work per page.
 
 Labels stay bounded: decision/reason/kind come from fixed sets in the code, partitions from
-the consumer's assignment; never a URL or a host.
+the consumer's assignment; never a URL or a host. Namespaces come from the input
+(--namespace-field), so only one metric has them as a label, and only the first
+NAMESPACE_LABELS of them; the rest are counted together (`_other`).
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 
 # most every MIN_S seconds and never spend more than 1/STATS_BUDGET of the time on them.
 INDEX_STATS_MIN_S = 1.0
 INDEX_STATS_BUDGET = 100.0
+# stream_dedup_namespace_decisions_total names this many namespaces (the first decided);
+# "_default" and "_other" can be no namespace's name (one starts with a letter or digit)
+NAMESPACE_LABELS = 50
+DEFAULT_LABEL, OTHER_LABEL = "_default", "_other"
 
 # The `*_created` series (one more per counter child) only help systems that cannot detect
 # counter resets; Prometheus can. Process-wide switch of prometheus_client.
@@ -105,6 +111,11 @@ class Metrics:
                              ["decision"], registry=r)
         self.rejects = Counter("stream_dedup_rejects", "Inputs rejected, by error kind",
                                ["kind"], registry=r)
+        self.namespace_decisions = Counter(
+            "stream_dedup_namespace_decisions", f"Pages decided, by namespace and decision: "
+            f"the first {NAMESPACE_LABELS} namespaces decided by name, every later one as "
+            f"{OTHER_LABEL}, the default namespace as {DEFAULT_LABEL}",
+            ["namespace", "decision"], registry=r)
         self.skipped = Counter("stream_dedup_skipped_records", "Input records that are not "
                                "pages, skipped without a decision and committed (--input-format "
                                "warc: request, metadata, warcinfo... records; non-html "
@@ -230,6 +241,8 @@ class Metrics:
                                  ("drop", UNCHANGED), ("drop", CONTAINED)):
             self._children(decision, reason)
         self.bytes.labels("reject")
+        self._namespace_labels: dict[str, str] = {"": DEFAULT_LABEL}
+        self._by_namespace: dict[tuple[str, str], Any] = {}
         self._confirmed = self._overturned = 0
         self._next_index_stats = 0.0
         self._index_changed = False
@@ -245,6 +258,7 @@ class Metrics:
         nbytes_counter.inc(nbytes)
         if rejects is not None:
             rejects.inc()
+        self._namespace_child(decision.namespace, decision.decision).inc()
         for child, seconds in zip(self._stage, times, strict=True):
             if seconds > 0.0:
                 child.observe(seconds)
@@ -354,6 +368,20 @@ class Metrics:
     def _precision(self) -> float:
         p = self.precision_estimate()
         return float("nan") if p is None else p
+
+    def _namespace_child(self, namespace: str, decision: str) -> Any:
+        """The counter child of a namespace's decisions: by its name for the first
+        NAMESPACE_LABELS namespaces (the default one aside), the rest under _other."""
+        label = self._namespace_labels.get(namespace)
+        if label is None:
+            label = namespace if len(self._namespace_labels) <= NAMESPACE_LABELS else OTHER_LABEL
+            if label != OTHER_LABEL:
+                self._namespace_labels[namespace] = label
+        child = self._by_namespace.get((label, decision))
+        if child is None:
+            child = self._by_namespace[(label, decision)] = self.namespace_decisions.labels(
+                label, decision)
+        return child
 
     def _children(self, decision: str, reason: str) -> tuple[Any, Any, Any]:
         key = (decision, reason)

@@ -7,7 +7,7 @@ another process, logged, or compared in a golden test without surprises.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 DecisionKind = Literal["keep", "drop", "reject"]
@@ -170,6 +170,13 @@ class Decision:
     # The input's fields named by --carry-fields, in that order (`carried` in the JSON,
     # present only when some are)
     carried: Carried = ()
+    # The namespace it was decided in (a reject: the process's), `namespace` in the JSON;
+    # "" the default one, left out of the JSON, so consumers of one namespace see nothing new
+    namespace: str = ""
+
+    def in_namespace(self, name: str) -> Decision:
+        """This decision, saying it was made in namespace `name` ("": the default)."""
+        return self if name == self.namespace else replace(self, namespace=name)
 
     def to_dict(self) -> dict[str, Any]:
         """The decision as JSON carries it (docs/decision.schema.json): ids as strings."""
@@ -202,6 +209,8 @@ class Decision:
                           "containment": c.containment} for c in self.contains],
             "cluster": public_id(self.cluster),
         }
+        if self.namespace:
+            out["namespace"] = self.namespace
         if self.carried:
             out["carried"] = dict(self.carried)
         return out

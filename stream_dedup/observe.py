@@ -25,7 +25,8 @@ class Observer(Protocol):
     """Told about every decision (called in the deciding thread; keep it cheap)."""
 
     def page(self, decision: Decision, nbytes: int, times: StageTimes) -> None:
-        """A page was decided (once per page; `nbytes` is its body size)."""
+        """A page was decided (once per page; `nbytes` is its body size; the decision
+        names its namespace: an unbounded set, metrics.py caps it as a label)."""
 
     def redelivered(self, decision: Decision) -> None:
         """A page delivered again got its earlier decision back."""

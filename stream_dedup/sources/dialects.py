@@ -39,9 +39,14 @@ refused (`carried-too-large`): they are identifiers to join on, and a clipped id
 would join wrongly. With the `html` format they are Kafka headers (UTF-8 text). A reject
 carries them too whenever the message could be read that far.
 
+The namespace field (`--namespace-field`; namespace_field.py) is read like a carried field:
+a message field of the JSON formats, a Kafka header of `html` and `warc`. A message without it
+is decided in the process's namespace; one whose value cannot name a namespace is refused
+(`bad-namespace`), carrying its carried fields.
+
 Reject kinds of a mapped dialect (each says which message field): bad-json, no-url, bad-url,
 no-body, bad-body, bad-base64, unknown-encoding, bad-headers, bad-status, bad-timestamp,
-carried-too-large.
+carried-too-large, bad-namespace.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ from ..core.decode import decode_html, lookup_label
 from ..errors import PageError
 from ..models import Carried, Page, Rejected
 from .jsonl import _b64, _short, check_url, json_object, page_from_object
+from .namespace_field import field_at as _at
+from .namespace_field import namespace_in, namespace_in_headers
 
 _NUMBERS = (int, float)  # bool is an int
 CARRY_MAX_CHARS = 1024  # a carried value's JSON, at most
@@ -84,11 +91,13 @@ PRESETS: dict[str, Fields] = {
 class Dialect:
     """How one input format's messages are read. `json`: the value is JSON, read by `read`,
     with `fields` (None: the plain `json` schema, sources/jsonl.py); else the carried fields
-    are Kafka headers (`from_headers`). `carry`: the fields copied into decisions."""
+    are Kafka headers (`from_headers`). `carry`: the fields copied into decisions;
+    `namespace`: the field (or header) naming a page's namespace ("": none)."""
 
     json: bool
     fields: Fields | None = None
     carry: tuple[tuple[str, FieldPath], ...] = ()
+    namespace: str = ""
 
     def read(self, value: bytes, source: str | None, key_url: str | None = None,
              position: int | None = None) -> Page | Rejected:
@@ -101,12 +110,13 @@ class Dialect:
             if isinstance(found, str):
                 url = found.encode("utf-8", "replace").decode("utf-8")
             carried, too_large = self._carried(obj)
+            namespace = namespace_in(obj, self.namespace) if self.namespace else ""
             if self.fields is None:
                 page = page_from_object(obj, source)
                 page = Page(page.url, page.body, page.headers, page.fetched_at, page.status,
-                            source, position, carried=carried)
+                            source, position, carried=carried, namespace=namespace)
             else:
-                page = self._page(obj, source, position, carried)
+                page = self._page(obj, source, position, carried, namespace)
             if too_large is not None:
                 raise too_large_error(too_large)
             return page
@@ -121,6 +131,11 @@ class Dialect:
             by_name.setdefault(name.lower(), raw)
         return _carry([(name, None if (value := by_name.get(name.lower())) is None
                         else value.decode("utf-8", "replace")) for name, _ in self.carry])
+
+    def header_namespace(self, headers: Sequence[tuple[str, bytes]]) -> str:
+        """The namespace an `html` or `warc` message's header names ("": none); a
+        PageError (bad-namespace) when it cannot name one."""
+        return namespace_in_headers(headers, self.namespace) if self.namespace else ""
 
     # --- the mapped dialects ---------------------------------------------------------
     def _get(self, obj: dict[str, Any], page_field: str) -> Any:
@@ -137,7 +152,7 @@ class Dialect:
         return " | ".join(".".join(p) for p in self.fields.get(page_field, ())) or "-"
 
     def _page(self, obj: dict[str, Any], source: str | None, position: int | None,
-              carried: Carried) -> Page:
+              carried: Carried, namespace: str) -> Page:
         url = self._get(obj, "url")
         if not isinstance(url, str) or not url.strip():
             raise PageError("no-url", f"the URL, {self._named('url')!r}, must be a non-empty "
@@ -162,7 +177,7 @@ class Dialect:
             body, codec = _encoded(html, codec or "utf-8")
             headers = _content_type(headers, codec)
         return Page(url, body, headers, self._time(obj), self._status(obj), source, position,
-                    carried=carried)
+                    carried=carried, namespace=namespace)
 
     def _codec(self, encoding: Any) -> str | None:
         """The decoder's codec for `encoding`; None: none given, or one only Python knows
@@ -245,24 +260,18 @@ class Dialect:
 
 def dialect_for(settings: Settings) -> Dialect | None:
     """The Dialect of `settings`' input format and flags; None when the plain reading does:
-    `json` without json_fields or carry_fields, `html` without carry_fields."""
+    `json` without json_fields, carry_fields or namespace_field, `html` and `warc` without
+    carry_fields or namespace_field."""
     names = carry_names(settings.carry_fields)
     fields = json_field_map(settings.json_fields)
     carry = tuple((name, tuple(name.split("."))) for name in names)
+    namespace = settings.namespace_field.strip()
     fmt = settings.input_format
     if fmt == "json" and not fields:
-        return Dialect(True, None, carry) if names else None
+        return Dialect(True, None, carry, namespace) if names or namespace else None
     if fmt in PRESETS:
-        return Dialect(True, {**PRESETS[fmt], **fields}, carry)
-    return Dialect(False, None, carry) if names else None
-
-
-def _at(obj: Any, path: FieldPath) -> Any:
-    for name in path:
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(name)
-    return obj
+        return Dialect(True, {**PRESETS[fmt], **fields}, carry, namespace)
+    return Dialect(False, None, carry, namespace) if names or namespace else None
 
 
 def _carry(values: list[tuple[str, Any]]) -> tuple[Carried, str | None]:

@@ -8,7 +8,9 @@ Rejected and the replay goes on with the next file: one bad path must not cost a
 A file given twice (the same path, overlapping globs, a symlink to it) is read once: reading
 it again would only decide every page as a copy of itself. A copy under another name is
 another file, and its pages are exact duplicates.
-`FileSource` is the runner's source for `replay` over them.
+`FileSource` is the runner's source for `replay` over them. With a namespace field
+(--namespace-field), a JSONL line names its page's namespace as a JSON message does
+(namespace_field.py); archives name none.
 """
 
 from __future__ import annotations
@@ -54,7 +56,8 @@ def input_kind(path: str | os.PathLike[str]) -> InputKind | None:
 
 
 def iter_inputs(
-    paths: Iterable[str | os.PathLike[str]], stats: SourceStats | None = None
+    paths: Iterable[str | os.PathLike[str]], stats: SourceStats | None = None,
+    namespace_field: str = "",
 ) -> Iterator[Page | Rejected]:
     """Pages and Rejected records of every file, in the order given.
 
@@ -62,7 +65,7 @@ def iter_inputs(
     Every "unreadable-file" Rejected is also noted in `stats.unreadable`.
     """
     stats = stats if stats is not None else SourceStats()
-    for item in _inputs(paths, stats):
+    for item in _inputs(paths, stats, namespace_field):
         if isinstance(item, Rejected) and item.kind == "unreadable-file":
             stats.unreadable.append(item.message)
         yield item
@@ -78,14 +81,15 @@ class Input:
 
 
 def _inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
-            ) -> Iterator[Page | Rejected]:
+            namespace_field: str) -> Iterator[Page | Rejected]:
     for planned in plan_inputs(paths, stats):
         if isinstance(planned, Rejected):
             yield planned
         elif planned.kind == "archive":
             yield from iter_archive(planned.path, stats, name=planned.name)
         else:
-            yield from iter_jsonl(planned.path, stats, name=planned.name)
+            yield from iter_jsonl(planned.path, stats, name=planned.name,
+                                  namespace_field=namespace_field)
 
 
 def plan_inputs(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
@@ -145,9 +149,9 @@ class FileSource(PageRecords):
     reads_ahead = True
 
     def __init__(self, paths: Iterable[str | os.PathLike[str]],
-                 stats: SourceStats | None = None) -> None:
+                 stats: SourceStats | None = None, *, namespace_field: str = "") -> None:
         self.stats = stats if stats is not None else SourceStats()
-        self._items = iter_inputs(paths, self.stats)
+        self._items = iter_inputs(paths, self.stats, namespace_field)
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
         records = list(itertools.islice(self._items, max_records))

@@ -8,8 +8,9 @@ Input formats:
 - "scrapy-cluster", or "json" with --json-fields: a crawler's own JSON (sources/dialects.py).
 - "warc": the value is one WARC record, plain or gzipped (warc_message.py); the key is
   not read. A record that is not a page (request, metadata...) is a Skipped.
-With --carry-fields, `dialect` names the fields each page carries into its decision (for
-html and warc: Kafka headers).
+With --carry-fields, `dialect` names the fields each page carries into its decision, and
+with --namespace-field the field naming its namespace (for html and warc: Kafka headers;
+a bad one is a `bad-namespace` reject, namespace_field.py).
 
 A page's `source` is "topic/partition/offset": stable across re-deliveries.
 
@@ -63,6 +64,7 @@ def page_from_message(
         return Rejected(url, "too-large",
                         f"{len(value)} bytes > max_page_bytes={max_bytes}", source, value)
     carried: Carried = ()
+    namespace = ""
     try:
         if dialect is not None and dialect.json:
             return dialect.read(value, source, url, position)
@@ -73,8 +75,11 @@ def page_from_message(
             carried, too_large = dialect.from_headers(headers)
             if too_large is not None:
                 raise too_large_error(too_large)
+            namespace = dialect.header_namespace(headers)
         if input_format == "warc":
             item = page_from_warc(value, source, max_bytes=max_bytes, position=position)
+            if isinstance(item, Page) and (carried or namespace):
+                return replace(item, carried=carried, namespace=namespace)
             return item if not carried or isinstance(item, Skipped) else replace(
                 item, carried=carried)
         if not url:
@@ -95,6 +100,7 @@ def page_from_message(
             source=source,
             position=position,
             carried=carried,
+            namespace=namespace,
         )
     except PageError as err:
         return Rejected(url, err.kind, err.message, source, value, carried)

@@ -49,7 +49,8 @@ def read_unit(unit: Unit, analyzer: Analyzer, memo: Memo, *,
     in `deferred`, for `finish_deferred` once the unit is due. `analysing(fingerprint)` is
     told of each body about to be analysed (and remembered in `memo`) here."""
     out = UnitResult([], [], end=_part_end(unit))
-    for item in _items(unit, out.stats, out.end):
+    for item in _items(unit, out.stats, out.end,
+                       namespace_field=analyzer.settings.namespace_field):
         if isinstance(item, Rejected):
             out.items.append(item)
             out.analyses.append(None)
@@ -94,11 +95,12 @@ def _part_end(unit: Unit) -> PartEnd | None:
 
 
 def _items(unit: Unit, stats: SourceStats, end: PartEnd | None,
-           reading: Callable[[list[Page | Rejected]], None] | None = None
-           ) -> Iterator[Page | Rejected]:
+           reading: Callable[[list[Page | Rejected]], None] | None = None, *,
+           namespace_field: str = "") -> Iterator[Page | Rejected]:
     """The unit's items; an archive part's or rest's without sources (`end` gets their
     ordinals in the file, counted from the unit's first record). `reading` sees each
-    read-ahead chunk before its items are yielded."""
+    read-ahead chunk before its items are yielded. `namespace_field`: JSONL lines name
+    their pages' namespaces there (--namespace-field)."""
     if unit.kind == "archive":
         items = iter_archive(unit.path, stats, name=unit.name)
     elif unit.kind in ("archive-part", "archive-rest"):
@@ -107,10 +109,10 @@ def _items(unit: Unit, stats: SourceStats, end: PartEnd | None,
                            end) if unit.kind == "archive-part"
                  else read_rest(unit.path, unit.fmt, unit.start, unit.skip, stats, end))
     elif unit.kind == "jsonl":
-        items = iter_jsonl(unit.path, stats, name=unit.name)
+        items = iter_jsonl(unit.path, stats, name=unit.name, namespace_field=namespace_field)
     else:
         items = iter_jsonl_range(unit.path, unit.start, unit.end, unit.first_line, stats,
-                                 name=unit.name)
+                                 name=unit.name, namespace_field=namespace_field)
     for item in _read_ahead(items, reading):
         if isinstance(item, Rejected) and item.kind == "unreadable-file":
             stats.unreadable.append(item.message)
@@ -164,8 +166,8 @@ class Packed:
     objects cost ~18 µs a page there and ~20 here; this, a few)."""
 
     # A page: (url, fetched_at, status, source, position, body bytes, payload digest,
-    # revisit). Not its body nor its HTTP headers: its analysis has used them, and deciding
-    # does not (headers were ~1 KB of the ~1.2 KB a page's tuple pickled to).
+    # revisit, namespace). Not its body nor its HTTP headers: its analysis has used them,
+    # and deciding does not (headers were ~1 KB of the ~1.2 KB a page's tuple pickled to).
     items: list[Rejected | tuple[Any, ...]]
     rows: list[Row | int | None]  # sketch True (in `sketches`, features in `features`);
     #                          a fingerprint: the parent's (see shared_fps); None: a reject
@@ -214,7 +216,8 @@ def _worker_read(unit: Unit) -> Packed:
                 if seen is not None and item.revisit is None:
                     seen.reading(fp)
 
-    for item in _items(unit, stats, end, reading):
+    for item in _items(unit, stats, end, reading,
+                       namespace_field=analyzer.settings.namespace_field):
         if isinstance(item, Rejected):
             items.append(item)
             rows.append(None)
@@ -228,7 +231,7 @@ def _worker_read(unit: Unit) -> Packed:
         if digest is None and item.body and item.revisit is None:
             digest = _digest(fp, item.body)
         items.append((item.url, item.fetched_at, item.status, item.source, item.position,
-                      len(item.body), digest, item.revisit))
+                      len(item.body), digest, item.revisit, item.namespace))
         if not isinstance(row, int) and row[4] is not None:  # in the buffers: marked True
             sketches.append(row[4])
             features.append(row[5])
@@ -260,10 +263,11 @@ def unpack(packed: Packed, sources: list[str] | None = None,
             out.analyses.append(None)
             continue
         assert isinstance(item, tuple)
-        url, fetched_at, status, source, position, size, digest, revisit = item
+        url, fetched_at, status, source, position, size, digest, revisit, namespace = item
         if sources is not None:
             source = sources[i]
-        page = Page(url, b"", (), fetched_at, status, source, position, digest, revisit)
+        page = Page(url, b"", (), fetched_at, status, source, position, digest, revisit,
+                    namespace=namespace)
         if isinstance(row, int):
             if remembered is None:
                 raise ValueError("a unit with remembered analyses, unpacked without them")
@@ -288,7 +292,8 @@ def _with_sources(result: UnitResult, sources: list[str]) -> UnitResult:
             out.analyses.append(None)
             continue
         page = Page(item.url, item.body, item.headers, item.fetched_at, item.status, source,
-                    item.position, item.payload_digest, item.revisit)
+                    item.position, item.payload_digest, item.revisit, item.carried,
+                    item.namespace)
         out.items.append(page)
         out.analyses.append(Analysis(page, a.raw_fp, a.canonical_fp, a.text_length,
                                      a.shingle_count, a.sketch, a.features, a.ld_signature,

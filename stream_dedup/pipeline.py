@@ -132,7 +132,7 @@ class Deduplicator:
             verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False,
                                    url_keys=[key])[0]
             assert verdict.decision is not None, "a fully analysed page is always decided"
-            return verdict.decision
+            return verdict.decision.in_namespace(self.namespace_of(page))
 
     def check_html(self, url: str, html: str | bytes, content_type: str | None = None) -> Decision:
         body = html.encode("utf-8") if isinstance(html, str) else html
@@ -209,6 +209,8 @@ class Deduplicator:
             remember = dict(zip((i for i, _ in pages), fps, strict=True)) if redeliveries else {}
             for i, (item, d, t, new) in enumerate(zip(items, out, times, fresh, strict=True)):
                 assert d is not None
+                d = out[i] = d.in_namespace(self.namespace_of(item) if isinstance(item, Page)
+                                            else self.settings.namespace)
                 if new:
                     given = analysed[i] if analysed is not None else None
                     nbytes = (len(item.raw or b"") if isinstance(item, Rejected)
@@ -343,7 +345,7 @@ class Deduplicator:
     # --- helpers ----------------------------------------------------------------------
     def _reject(self, item: Rejected, nbytes: int, times: StageTimes) -> Decision:
         d = Decision(item.url, "reject", item.kind, error=item.message, source=item.source,
-                     carried=item.carried)
+                     carried=item.carried, namespace=self.settings.namespace)
         with self.lock:
             return self._record(d, nbytes, times)
 

@@ -144,7 +144,8 @@ def replay(
                         refresh=False)
 
     pool = AnalysisPool(dedup.settings, workers) if workers > 1 else None
-    source: FileSource | UnitSource = FileSource([Path(p) for p in paths])
+    source: FileSource | UnitSource = FileSource([Path(p) for p in paths],
+                                                 namespace_field=dedup.settings.namespace_field)
     if pool is not None:
         size = _input_bytes(paths)
         if size >= EARLY_START_BYTES:

@@ -51,7 +51,7 @@ def _drop_reasons() -> set[str]:
 def test_the_schema_names_every_field_and_every_reason() -> None:
     fields = list(Decision("u", "keep", "unique").to_dict())
     assert SCHEMA["required"] == [f for f in fields if f != "carried"]
-    assert set(SCHEMA["properties"]) == {*fields, "carried"}
+    assert set(SCHEMA["properties"]) == {*fields, "carried", "namespace"}  # both optional
     assert SCHEMA["additionalProperties"] is False
     reasons = {v for k, v in vars(models).items() if k.isupper() and isinstance(v, str)}
     assert _keep_reasons() | _drop_reasons() == reasons and not _keep_reasons() & _drop_reasons()

@@ -10,7 +10,11 @@ input partitions):
              offset)
 and, for a kept page that replaced its URL's version, a tombstone (that version's page id,
 no value), so that compaction (the topic is compacted) forgets the version a URL no longer
-holds. The compacted log therefore holds what the index holds: one version a URL.
+holds. The compacted log therefore holds what the index holds: one version a URL. A page
+forgotten (Deduplicator.forget: `index forget`, /v1/forget, retention) is a tombstone too,
+with the header `stream-dedup-forget`: compaction drops its record, and a restore that
+reads the tombstone forgets the page if it holds it (`restore_batch`), so that a restored
+index holds no page forgotten, whether its record was compacted away yet or not.
 
 Several producers write the topic at once (one a partition of the input, on one or several
 instances), so a batch's records need not be consecutive: `batches` groups the records it
@@ -31,23 +35,31 @@ page id wins on a restore where the later decision won live.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
-from .index.base import Change, Claim, LocalIndex, Probe, StoredDoc
+from .index.base import Change, Claim, FeatureIndex, LocalIndex, Probe, StoredDoc
 from .index.doc_codec import decode_doc, encode_doc
+from .namespaces import Forget
 
 BATCH_HEADER = "stream-dedup-batch"
+FORGET_HEADER = "stream-dedup-forget"
 _ID_BYTES = 16
 
 Record = tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...]]  # key, value, headers
 
 
 def records(changes: Sequence[Change], batch: str) -> list[Record]:
-    """The changelog records of one batch's kept pages, in the order they were kept."""
+    """The changelog records of one batch's kept pages, in the order they were kept, and of
+    the pages forgotten since the last batch (a tombstone each)."""
     headers = ((BATCH_HEADER, batch.encode()),)
+    forgets = (*headers, (FORGET_HEADER, b"1"))
     out: list[Record] = []
     for change in changes:
         doc = change.doc
+        if doc is None:
+            if change.replaced is not None:
+                out.append((change.replaced.to_bytes(_ID_BYTES, "big"), None, forgets))
+            continue
         value = doc.url_key.to_bytes(8, "little") + encode_doc(doc, 0.0)
         out.append((doc.page_id.to_bytes(_ID_BYTES, "big"), value, headers))
         if change.replaced is not None:
@@ -65,15 +77,35 @@ def batches(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], int]]:
     """Consumed changelog records (anything with .offset, .value, .headers) -> each batch's
     kept pages, grouped by the batch header in the order the batches first appear, and the
     offset after the batch's last record among them."""
-    groups: dict[bytes, tuple[list[StoredDoc], list[int]]] = {}
+    for docs, _, end in changes(consumed):
+        yield docs, end
+
+
+def changes(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], list[int], int]]:
+    """As `batches`, with the page ids each batch's forget tombstones name (a replaced
+    version's tombstone is none of them: claiming its replacement retires it)."""
+    groups: dict[bytes, tuple[list[StoredDoc], list[int], list[int]]] = {}
     for record in consumed:
-        batch = dict(record.headers or ()).get(BATCH_HEADER, b"")
-        docs, end = groups.setdefault(batch, ([], [-1]))
+        headers = dict(record.headers or ())
+        batch = headers.get(BATCH_HEADER, b"")
+        docs, forgotten, end = groups.setdefault(batch, ([], [], [-1]))
         end[0] = record.offset + 1
         if record.value is not None:
             docs.append(doc_of(record.value))
-    for docs, end in groups.values():
-        yield docs, end[0]
+        elif FORGET_HEADER in headers:
+            forgotten.append(int.from_bytes(record.key, "big"))
+    for docs, forgotten, end in groups.values():
+        yield docs, forgotten, end[0]
+
+
+def restore_batch(index: LocalIndex, docs: Sequence[StoredDoc], forgotten: Sequence[int]
+                  ) -> int:
+    """One batch restored: its kept pages claimed again (claim_again), then the pages it
+    forgot forgotten, if held. The pages claimed."""
+    claimed = claim_again(index, docs)
+    if forgotten:
+        cast(FeatureIndex, index).forget(Forget(page_ids=frozenset(forgotten)))
+    return claimed
 
 
 def claim_again(index: LocalIndex, docs: Sequence[StoredDoc]) -> int:

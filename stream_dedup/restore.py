@@ -5,9 +5,10 @@ The index stores the changelog position it has read up to. `restore_index` reads
 changelog from there up to its last stable offset (read_committed: only committed
 transactions, and nothing past one still open), claims the kept pages it reads
 (changelog.claim_again: a page the index holds already, or a later version of its URL, is
-left out), and commits the index with the position reached, one fetch at a time. Only this
-moves the position: a batch this instance commits does not (other instances sharing the
-changelog may have written before its records). It runs before the group is joined, once
+left out), forgets the pages forgotten since (their tombstones), and commits the index with
+the position reached, one fetch at a time. Only this moves the position: a batch this
+instance commits does not (other instances sharing the changelog may have written before
+its records). It runs before the group is joined, once
 the assigned partitions' producers are started (TransactionalSource: their InitProducerId
 completed or aborted whatever transaction an earlier owner had open, so a commit still
 completing is read, not missed), and every CATCH_UP_S. Every wait on the broker ends
@@ -99,13 +100,14 @@ async def restore_index(settings: Settings, dedup: Deduplicator, metrics: Metric
 
 def _claim(dedup: Deduplicator, records: list[Any], stream: str, reached: int) -> int:
     """Claim the kept pages of changelog records (changelog.claim_again: those the index
-    holds already, or holds a later version of, are left out), then commit the index with
+    holds already, or holds a later version of, are left out) and forget the pages their
+    forget tombstones name (changelog.restore_batch), then commit the index with
     the position reached: everything before it is in the index. The pages claimed."""
     claimed = 0
     with dedup.lock:
         index = dedup.index
         assert isinstance(index, LocalIndex)
-        for docs, _ in changelog.batches(records):
-            claimed += changelog.claim_again(index, docs)
+        for docs, forgotten, _ in changelog.changes(records):
+            claimed += changelog.restore_batch(index, docs, forgotten)
         dedup.index.commit({stream: reached})
     return claimed

@@ -258,7 +258,9 @@ class Runner:
         return step()
 
     async def _expire(self, stop: asyncio.Event) -> None:
-        """The retention window, applied while running: a bounded sweep once a minute."""
+        """The retention window, applied while running, once a minute: the pages of every
+        namespace crawled (or kept) before it are forgotten (memory and LSM; a Redis
+        index's keys expire by themselves), journaled as any forget (exactly-once)."""
         days = self.settings.retention_days
         if days <= 0 or time.monotonic() < self._next_expiry:
             return

@@ -16,7 +16,7 @@ from stream_dedup import Settings
 from stream_dedup.errors import ConfigError, IndexStoreError
 from stream_dedup.index import arena as records
 from stream_dedup.index import index_for
-from stream_dedup.index.arena import DocArena
+from stream_dedup.index.arena import _CHUNK, DocArena
 from stream_dedup.index.base import StoredDoc
 
 
@@ -181,3 +181,17 @@ def test_the_record_file_is_not_put_in_ram_by_default(monkeypatch: pytest.Monkey
     arena = DocArena("/dev/shm")
     assert "/dev/shm, a tmpfs: it takes RAM" in caplog.text
     arena.close()
+
+
+def test_a_rows_namespace_and_url_fields_read_back() -> None:
+    arena = DocArena(None)
+    n = _CHUNK + 10  # across a chunk's end
+    arena.extend([StoredDoc(f"http://h/{i}", np.zeros(0, np.uint64), np.zeros(0, np.uint32),
+                            b"", 0, 0, 0, page_id=i + 7, namespace="a" if i % 3 else "")
+                  for i in range(n)])
+    assert arena[4].namespace == "a" and arena[4].url == "http://h/4"
+    assert arena[3].namespace == "" and arena.url(3) == "http://h/3"
+    for first, end in ((0, n), (5, _CHUNK + 3), (_CHUNK - 1, _CHUNK + 1), (_CHUNK, n), (0, 1)):
+        assert arena.url_fields(first, end) == [arena.url_field(r) for r in range(first, end)]
+    assert arena.rows_of([7, _CHUNK + 8, 10**30]) == [0, _CHUNK + 1]
+    assert arena.page_id(_CHUNK + 1) == _CHUNK + 8

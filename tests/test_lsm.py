@@ -15,6 +15,7 @@ from stream_dedup.core.sketch import Params
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
 from stream_dedup.index.lsm import LsmIndex
+from stream_dedup.namespaces import Forget
 from stream_dedup.pipeline import Deduplicator
 
 
@@ -83,14 +84,14 @@ def test_a_corrupt_index_is_a_clear_error(tmp_path: Path) -> None:
         LsmIndex(tmp_path / "i", stamp=1)
 
 
-def test_expire_forgets_old_pages_only(tmp_path: Path) -> None:
+def test_forget_before_forgets_old_pages_only(tmp_path: Path) -> None:
     index = LsmIndex(tmp_path / "i", stamp=1)
     keep(index, _doc(0, "2020-01-01T00:00:00Z"), 0)
     keep(index, _doc(1, "2026-11-01T00:00:00Z"), 1)
     keep(index, _doc(2), 2)  # no crawl time: judged by when it was stored (now)
     index.commit()
-    removed = index.expire(datetime(2025, 1, 1, tzinfo=UTC))
-    assert removed == 1 and len(index) == 2
+    removed = index.forget(Forget(None, before=datetime(2025, 1, 1, tzinfo=UTC).timestamp()))
+    assert removed == [0] and len(index) == 2
     assert first_with(index, RAW, 0) is None and first_with(index, RAW, 1) == 1
     assert [p for p, _ in candidates(index, [7], 1)] == [1, 2]
     index.close()

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IndexStoreError
+from ..namespaces import pack_url, unpack_url
 from .base import StoredDoc
 
 _NO_FEATURES = np.zeros(0, np.uint64)
@@ -286,7 +287,7 @@ class DocArena:
                     _fetched(d.fetched_at), d.ld_signature) for d in docs]
         rows = np.empty(len(docs), _ROW)
         self._records.extend(records)  # first: a write that fails leaves the arena as it was
-        rows["url_end"] = self._urls.extend(first, [d.url.encode("utf-8", "surrogatepass")
+        rows["url_end"] = self._urls.extend(first, [pack_url(d.namespace, d.url)
                                                     for d in docs])
         self._fps.extend(np.array([(d.raw_fp >> 32, d.canonical_fp >> 32) for d in docs],
                                   np.uint32))
@@ -298,10 +299,48 @@ class DocArena:
             rows[name] = values
         self._rows.extend(rows)
 
-    def url(self, row: int) -> str:
+    def url_field(self, row: int) -> bytes:
+        """The row's URL as stored, naming its namespace (namespaces.unpack_url)."""
         chunk, at = self._rows.chunks[row >> _SHIFT], row & _AT
         start = chunk[at - 1].item()[3] if at else 0
-        return self._urls.get(row, start, chunk[at].item()[3]).decode("utf-8", "surrogatepass")
+        return self._urls.get(row, start, chunk[at].item()[3])
+
+    def url_fields(self, first: int, end: int) -> list[bytes]:
+        """url_field of rows first...end - 1, a chunk at a time."""
+        out: list[bytes] = []
+        row = first
+        while row < end:
+            c, at = row >> _SHIFT, row & _AT
+            stop = min(end - (c << _SHIFT), _CHUNK)
+            ends = self._rows.chunks[c]["url_end"][max(0, at - 1) : stop].tolist()
+            if at == 0:
+                ends.insert(0, 0)
+            chunk = self._urls.chunks[c]
+            out += [bytes(chunk[a:b]) for a, b in zip(ends, ends[1:], strict=False)]
+            row = (c << _SHIFT) + stop
+        return out
+
+    def url(self, row: int) -> str:
+        return unpack_url(self.url_field(row))[1]
+
+    def page_id(self, row: int) -> int:
+        high, low = self._rows[row].item()[:2]
+        return int(high << 64 | low)
+
+    def rows_of(self, page_ids: Sequence[int]) -> list[int]:
+        """The rows holding these page ids (a pass over the id columns, ~1 ms a million)."""
+        if not page_ids:
+            return []
+        low = np.array([i & 0xFFFFFFFFFFFFFFFF for i in page_ids], np.uint64)
+        wanted = set(page_ids)
+        out = []
+        for c, chunk in enumerate(self._rows.chunks):
+            used = chunk[: min(_CHUNK, self._rows.rows - (c << _SHIFT))]
+            for at in np.flatnonzero(np.isin(used["id_low"], low)).tolist():
+                high, low_id = used[at].item()[:2]
+                if high << 64 | low_id in wanted:
+                    out.append(c << _SHIFT | at)
+        return out
 
     def fingerprint_high(self, row: int, layer: int) -> int:
         """The top 32 bits of the row's RAW or CANONICAL fingerprint."""
@@ -321,9 +360,10 @@ class DocArena:
         tops_end = split + 4 + _U32.unpack_from(record, split)[0]
         sig_start = tops_end + 1 + record[tops_end]
         fetched_at = record[tops_end + 1 : sig_start].decode("utf-8", "replace") or None
-        url = self._urls.get(row, url_start, url_end).decode("utf-8", "surrogatepass")
+        namespace, url = unpack_url(self._urls.get(row, url_start, url_end))
         return StoredDoc(url, _NO_FEATURES, sketch, record[sig_start:], text_length, raw_fp,
-                         canonical_fp, fetched_at, high << 64 | low, record[split + 4 : tops_end])
+                         canonical_fp, fetched_at, high << 64 | low, record[split + 4 : tops_end],
+                         namespace=namespace)
 
     def close(self) -> None:
         self._records.close()

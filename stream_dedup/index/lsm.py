@@ -9,9 +9,11 @@ Column families and keys (integers big-endian, so keys sort numerically):
     features  feature (u64) + row (u32)  -> b""     (a posting list is a prefix scan)
     exact     b"r"|b"c" + fingerprint (u64)  -> row (u32), the page holding it
     docs      row (u32) -> the document record verification reads (see _encode)
-    urls      url key (u64, core/urls.py) -> row (u32): the URL's one kept version; a new
-              version deletes the old one's record, features, fingerprints in the commit
-              that writes it
+    urls      url key (u64, core/urls.py, salted) -> row (u32): the URL's one kept
+              version; a new version deletes the old one's record, features, fingerprints
+              in the commit that writes it
+    ids, times, meta b"ns:"...: a page's id, its time, pages per namespace: what
+              forgetting reads (lsm_pages.py)
 
 Rows number the kept pages in insertion order (they are this backend's handles); a page's
 public id is in its record (format 1 records have none: their id is their row).
@@ -32,7 +34,7 @@ import os
 import struct
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +49,13 @@ from rocksdict import (
     WriteBatch,
 )
 
+from ..core.urls import UrlKeys
 from ..errors import IndexMismatchError, IndexStoreError
+from ..namespaces import Forget, page_time
+from . import lsm_pages
 from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
 from .doc_codec import decode_doc, encode_doc
+from .lsm_pages import CF_IDS, CF_TIMES
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -87,7 +93,8 @@ class LsmIndex(LocalIndex):
         self._closed = False
         self._check_directory(create)
         families = {CF_META: _options(None), CF_FEATURES: _options(8),
-                    CF_EXACT: _options(None), CF_DOCS: _options(None), CF_URLS: _options(None)}
+                    CF_EXACT: _options(None), CF_DOCS: _options(None), CF_URLS: _options(None),
+                    CF_IDS: _options(None), CF_TIMES: _options(None)}
         db_options = _options(None)
         db_options.create_missing_column_families(True)
         try:
@@ -99,15 +106,18 @@ class LsmIndex(LocalIndex):
         self._exact = self._db.get_column_family(CF_EXACT)
         self._docs = self._db.get_column_family(CF_DOCS)
         self._urls = self._db.get_column_family(CF_URLS)
-        self._cf = {name: self._db.get_column_family_handle(name)
-                    for name in (CF_META, CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS)}
+        self._ids = self._db.get_column_family(CF_IDS)
+        self._times = self._db.get_column_family(CF_TIMES)
+        self._cf = {name: self._db.get_column_family_handle(name) for name in families}
         self._read = ReadOptions()
         self._read.set_prefix_same_as_start(True)
         self._adopt_or_check_stamp(adopt=stamp is None)
         self._next_id = self._meta_int(b"next_id")
         self._next_local = self._meta_int(b"next_local")
         self._pages = self._meta_int(b"pages")
+        self._ns = lsm_pages.counts(self)
         self._reset_overlay()
+        lsm_pages.upgrade(self)
 
     # --- opening ------------------------------------------------------------------------
     def _check_directory(self, create: bool) -> None:
@@ -245,11 +255,14 @@ class LsmIndex(LocalIndex):
         batch = WriteBatch(raw_mode=True)
         now = time.time()
         gone = self._retired
-        for row in sorted(gone - self._new_docs.keys()):  # first: a put below wins
-            self._delete(batch, row, self.doc(row))
+        delta: dict[str, int] = {}
+        lsm_pages.delete_pages(self, batch, [  # first: a put below wins
+            (row, head) for row in sorted(gone - self._new_docs.keys())
+            if (head := lsm_pages.head_of(self, row))], delta)
         for page_id, doc in self._new_docs.items():
             if page_id not in gone:
                 batch.put(_U32.pack(page_id), encode_doc(doc, now), self._cf[CF_DOCS])
+                lsm_pages.put_page(self, batch, page_id, doc, now, delta)
         for feature, ids in self._new_features.items():
             for page_id in ids:
                 if page_id not in gone:
@@ -267,6 +280,7 @@ class LsmIndex(LocalIndex):
         batch.put(b"next_id", _U32.pack(self._next_id), self._cf[CF_META])
         batch.put(b"next_local", _U64.pack(self._next_local), self._cf[CF_META])
         batch.put(b"pages", _U64.pack(pages), self._cf[CF_META])
+        lsm_pages.put_counts(self, batch, delta)
         self._write(batch)
         self._pages = pages
         self._reset_overlay()
@@ -298,44 +312,45 @@ class LsmIndex(LocalIndex):
             raise IndexStoreError(f"writing the index at {self.path} failed: {exc}") from None
 
     # --- operations ---------------------------------------------------------------------
-    def expire(self, older_than: datetime, limit: int = 10_000) -> int:
-        """Forget up to `limit` pages crawled (or, without a crawl time, stored) before
-        `older_than`, oldest page ids first. Safe while the service runs: deletions go out
-        in their own batch, never mixed with uncommitted inserts."""
-        cutoff = older_than.timestamp()
-        batch = WriteBatch(raw_mode=True)
-        removed = 0
-        for key, raw in self._docs.items():
-            if removed >= limit:
-                break
-            page_id = _U32.unpack(key)[0]
-            doc, stored_at = decode_doc(raw, page_id)
-            when = _timestamp(doc.fetched_at, stored_at)
-            if when >= cutoff:
+    def forget(self, what: Forget) -> list[int]:
+        """Forget what `what` selects: committed pages in one WriteBatch of their keys (the
+        URL map, ids, times and the counters with them), uncommitted ones retired from the
+        overlay (never written). Safe between batches; offline too (`index forget`)."""
+        if what.url is not None and not what.url_key:
+            what = replace(what, url_key=UrlKeys().key(what.url))
+        forgotten: list[int] = []
+        now = time.time()
+        version = self.version_of(what.salted_url_key) if what.url is not None else None
+        for row, doc in self._new_docs.items():
+            if row in self._retired:
                 continue
-            self._delete(batch, page_id, doc)
-            removed += 1
+            if row == version if what.url is not None else what.matches(
+                    doc.namespace, doc.url, page_time(doc.fetched_at, now), doc.page_id):
+                self._retired.add(row)
+                forgotten.append(doc.page_id)
+        batch = WriteBatch(raw_mode=True)
+        delta: dict[str, int] = {}
+        removed = 0
+        if what.all and what.namespace is None and not what.page_ids:
+            removed = lsm_pages.forget_all(self, batch, forgotten)
+        else:
+            pages = list(lsm_pages.selected(self, what))
+            lsm_pages.delete_pages(self, batch, pages, delta)
+            forgotten += [head.page_id for _, head in pages]
+            removed = len(pages)
         if removed:
             self._pages -= removed
             batch.put(b"pages", _U64.pack(self._pages), self._cf[CF_META])
+            lsm_pages.put_counts(self, batch, delta)
             self._write(batch)
-        return removed
+        return forgotten
 
-    def _delete(self, batch: WriteBatch, row: int, doc: StoredDoc) -> None:
-        """Delete a committed page: its record, features, and the fingerprints that still
-        name it. (Its URL's entry is overwritten by the version that replaces it; one left
-        by retention names a row without a record, which version_of ignores.)"""
-        batch.delete(_U32.pack(row), self._cf[CF_DOCS])
-        for feature in doc.features.tolist():
-            batch.delete(_FEATURE_KEY.pack(feature, row), self._cf[CF_FEATURES])
-        for layer, fp in ((RAW, doc.raw_fp), (CANONICAL, doc.canonical_fp)):
-            key = _LAYER[layer] + _U64.pack(fp)
-            if self._exact.get(key) == _U32.pack(row):
-                batch.delete(key, self._cf[CF_EXACT])
+    def namespaces(self) -> dict[str, dict[str, Any]]:
+        return lsm_pages.overlay_namespaces(self)
 
     def compact(self) -> None:
         self._db.flush()
-        for name in (CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS, CF_META):
+        for name in (CF_FEATURES, CF_EXACT, CF_DOCS, CF_URLS, CF_IDS, CF_TIMES, CF_META):
             self._db.get_column_family(name).compact_range(None, None)
 
     def export(self, target: str | Path) -> None:
@@ -347,14 +362,16 @@ class LsmIndex(LocalIndex):
         Checkpoint(self._db).create_checkpoint(str(target))
 
     def stored_docs(self) -> Any:
-        """(row, StoredDoc) of every committed page, in row order (warming a MemoryIndex)."""
+        """(row, StoredDoc, stored at) of every committed page, in row order (warming a
+        MemoryIndex)."""
         for key, raw in self._docs.items():
             row = _U32.unpack(key)[0]
-            yield row, decode_doc(raw, row)[0]
+            yield (row, *decode_doc(raw, row))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         families = {CF_META: self._meta, CF_FEATURES: self._features, CF_EXACT: self._exact,
-                    CF_DOCS: self._docs, CF_URLS: self._urls}
+                    CF_DOCS: self._docs, CF_URLS: self._urls, CF_IDS: self._ids,
+                    CF_TIMES: self._times}
 
         def prop(cf: str, name: str) -> int:
             return int(families[cf].property_int_value(name) or 0)
@@ -371,6 +388,7 @@ class LsmIndex(LocalIndex):
             "index_bytes_per_page": feature_bytes / pages if pages else 0.0,
             "disk_bytes": total,
             "disk_bytes_per_page": total / pages if pages else 0.0,
+            "namespaces": self.namespaces(),
         }
 
     def close(self) -> None:
@@ -379,7 +397,8 @@ class LsmIndex(LocalIndex):
             return
         self._closed = True
         db = self._db
-        for name in ("_meta", "_features", "_exact", "_docs", "_urls", "_cf", "_read", "_db"):
+        for name in ("_meta", "_features", "_exact", "_docs", "_urls", "_ids", "_times", "_cf",
+                     "_read", "_db"):
             delattr(self, name)
         try:
             db.close()
@@ -388,12 +407,3 @@ class LsmIndex(LocalIndex):
         del db
         gc.collect()
 
-
-def _timestamp(fetched_at: str | None, fallback: float) -> float:
-    if fetched_at:
-        try:
-            when = datetime.fromisoformat(fetched_at.replace("Z", "+00:00"))
-            return (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
-        except ValueError:
-            pass
-    return fallback

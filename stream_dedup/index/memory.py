@@ -26,16 +26,19 @@ few per page that has candidates; `memory_records = "ram"` keeps them in RAM ins
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..core.urls import UrlKeys
 from ..errors import IndexMismatchError
+from ..namespaces import Forget, salt, unpack_url
 from . import runs
 from .arena import DocArena
 from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
+from .local_forget import Timeline, selected_rows
 
 try:
     from ..core import _native
@@ -193,10 +196,11 @@ class MemoryIndex(LocalIndex):
     in RAM too); gone when it exits.
 
     URLs: a map url key -> rows (one more 8-byte entry a page; a hit is confirmed against
-    `url_key(url)` of the row's stored URL), and a bit a row for the versions a newer one
-    replaced. A replaced version's index keys and fingerprints are skipped by lookups and
-    dropped at the next flush or merge that meets them; its row (~60 bytes and its URL)
-    and its record stay, unused."""
+    `url_key(url)` of the row's stored URL, salted with its namespace), and a bit a row for
+    the versions a newer one replaced and the pages forgotten. Their index keys and
+    fingerprints are skipped by lookups and dropped at the next flush or merge that meets
+    them; their row (~60 bytes and its URL) and record stay, unused. When rows were kept:
+    a Timeline (local_forget.py)."""
 
     def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "",
                  url_key: Callable[[str], int] | None = None) -> None:
@@ -214,6 +218,7 @@ class MemoryIndex(LocalIndex):
         self._retired = bytearray()  # a bit a row: replaced by a newer version of its URL
         self._n_retired = 0
         self._docs = DocArena(records_dir)
+        self._timeline = Timeline()
         self._offsets: dict[str, int] = {}
 
     def check_stamp(self, stamp: int) -> None:
@@ -256,7 +261,10 @@ class MemoryIndex(LocalIndex):
 
     def version_of(self, url_key: int) -> int | None:
         for row in reversed(self._urls.values(url_key)):
-            if not self._gone(row) and self._url_key(self._docs.url(row)) == url_key:
+            if self._gone(row):
+                continue
+            namespace, url = unpack_url(self._docs.url_field(row))
+            if self._url_key(url) ^ salt(namespace) == url_key:
                 return row
         return None
 
@@ -264,6 +272,27 @@ class MemoryIndex(LocalIndex):
         if not self._gone(row):
             self._retired[row >> 3] |= 1 << (row & 7)
             self._n_retired += 1
+            self._timeline.remove(row, unpack_url(self._docs.url_field(row))[0])
+
+    def forget(self, what: Forget) -> list[int]:
+        """Retire every live row `what` selects (a URL: its version; page ids: a pass over
+        the id column; else the rows of the Timeline's spans it may hold); their ids."""
+        if what.page_ids:
+            rows = self._docs.rows_of(sorted(what.page_ids))
+        elif what.url is not None:
+            key = what.salted_url_key or self._url_key(what.url) ^ salt(what.namespace or "")
+            rows = [row] if (row := self.version_of(key)) is not None else []
+        else:
+            rows = [row for row, _ in selected_rows(
+                self._timeline, len(self._docs), what, lambda r: not self._gone(r),
+                self._docs.url_fields, lambda r: self._docs[r].fetched_at)]
+        rows = [r for r in rows if not self._gone(r)]
+        for row in rows:
+            self.retire(row)
+        return [self._docs.page_id(row) for row in rows]
+
+    def namespaces(self) -> dict[str, dict[str, Any]]:
+        return self._timeline.namespaces()
 
     def insert(self, doc: StoredDoc) -> int:
         """Store a kept page; its row."""
@@ -285,9 +314,12 @@ class MemoryIndex(LocalIndex):
                         self.retire(replaced)
         return [True] * len(claims)
 
-    def _extend(self, docs: list[StoredDoc]) -> None:
+    def _extend(self, docs: list[StoredDoc], now: float | None = None) -> None:
         row = len(self._docs)
         self._docs.extend(docs)
+        now = time.time() if now is None else now
+        for at, doc in enumerate(docs, row):
+            self._timeline.add(at, doc.namespace, doc.fetched_at, now)
         need = (len(self._docs) + 7) >> 3
         if len(self._retired) < need:
             self._retired.extend(bytes(need - len(self._retired) + 4096))
@@ -323,20 +355,20 @@ class MemoryIndex(LocalIndex):
                   url_key: Callable[[str], int] | None = None) -> MemoryIndex:
         """A memory index holding every committed page of an LSM index (same rows)."""
         index = cls(lsm.stamp, lsm.max_posting, records_dir, url_key)
-        for row, doc in lsm.stored_docs():
-            if len(index._docs) < row:  # rows of expired or replaced pages stay unused
+        for row, doc, stored_at in lsm.stored_docs():
+            if len(index._docs) < row:  # rows of forgotten or replaced pages stay unused
                 gap = row - len(index._docs)
-                index._extend([_GONE] * gap)
+                index._extend([_GONE] * gap, stored_at)
                 for unused in range(row - gap, row):
                     index.retire(unused)
             if not doc.url_key:
-                doc.url_key = index._url_key(doc.url)
-            index.insert(doc)
+                doc.url_key = index._url_key(doc.url) ^ salt(doc.namespace)
+            index._extend([doc], stored_at)
         index._offsets = lsm.offsets()
         index._next_local = lsm.local_ids(0).start
         return index
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, Any]:
         pages = len(self)
         index_bytes = (self._features.nbytes() + sum(m.nbytes() for m in self._exact)
                        + self._urls.nbytes() + len(self._retired))
@@ -347,4 +379,5 @@ class MemoryIndex(LocalIndex):
             "index_bytes_per_page": index_bytes / pages if pages else 0.0,
             "doc_store_bytes": sum(v for k, v in self._docs.nbytes.items() if k != "on_disk"),
             "doc_file_bytes": self._docs.nbytes["on_disk"],
+            "namespaces": self.namespaces(),
         }

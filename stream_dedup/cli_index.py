@@ -54,6 +54,9 @@ A Redis index needs the sketch settings it was built with (the flags or --config
 instances that run on it): other ones are refused, and nothing is changed. A URL is matched
 by its key, so give the instances' --url-ignore-params too.
 
+An LSM index a `serve --exactly-once` restores from its changelog is forgotten through
+that service (POST /v1/forget writes the changelog too): here it is refused.
+
 exit status: 0 done; 2 bad words, an index that cannot be opened, or other settings
 (a one-line reason on stderr; nothing changed).
 """
@@ -135,6 +138,13 @@ def _lsm(args: argparse.Namespace, settings: Settings, what: Forget | None,
             _print({**_stats(index), "offsets": index.offsets()})
         elif args.action == "forget":
             assert what is not None
+            changelog = _changelog_of(index.offsets(), settings)
+            if changelog:
+                raise ConfigError(
+                    f"this index is restored from the changelog {changelog} (serve "
+                    "--exactly-once): a forget here would not be written there, and the "
+                    "next restore would bring the pages back. Forget through the running "
+                    "service, which writes the changelog: POST /v1/forget")
             _forget(settings, index, what, words)
         elif args.action == "compact":
             before = index.stats()["disk_bytes"]
@@ -168,6 +178,16 @@ def _redis(action: str, settings: Settings, what: Forget | None, words: dict[str
     finally:
         index.close()
     return 0
+
+
+def _changelog_of(offsets: dict[str, int], settings: Settings) -> str:
+    """The changelog topic an LSM index has read (its position is one of its offsets): the
+    settings' (their group's), or one of the default name; "" for none."""
+    for stream in offsets:
+        topic = stream.rsplit("/", 1)[0]
+        if topic == settings.changelog() or topic.endswith("-index-changelog"):
+            return topic
+    return ""
 
 
 def _stats(index: FeatureIndex) -> dict[str, Any]:

@@ -202,3 +202,19 @@ def _call(base: str, path: str, body: dict | None) -> tuple[int, Any]:
         return err.code, json.loads(err.read() or b"null")
     except (urllib.error.URLError, ConnectionError):
         return 0, None
+
+
+def test_an_exactly_once_lsm_index_is_not_forgotten_behind_its_changelog(
+        tmp_path: Path) -> None:
+    """Forgotten offline, an index a changelog restores would get the pages back at the
+    next restore: the command refuses and sends the operator to the service's door."""
+    from stream_dedup.index.lsm import LsmIndex
+
+    index = LsmIndex(tmp_path / "index", Settings().params.stamp)
+    index.commit({"pages/0": 10, "dedup-index-changelog/0": 7})
+    index.close()
+    done = subprocess.run([sys.executable, "-m", "stream_dedup", "index", "forget", "--all",
+                           "--index-path", str(tmp_path / "index")], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2
+    assert "dedup-index-changelog" in done.stderr and "POST /v1/forget" in done.stderr

@@ -102,9 +102,10 @@ def decide_batch(
     keys = url_keys if url_keys is not None else [0] * len(analyses)
     for i, (a, pid, answer, key) in enumerate(zip(analyses, page_ids, answers, keys,
                                                   strict=True)):
-        overlay = overlays.get(a.page.namespace or settings.namespace)
+        namespace = a.page.namespace or settings.namespace
+        overlay = overlays.get(namespace)
         if overlay is None:
-            overlay = overlays[a.page.namespace or settings.namespace] = Overlay()
+            overlay = overlays[namespace] = Overlay(namespace)
         try:
             v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
         except MissingRecord as missing:

@@ -99,7 +99,8 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
             elif answer.prior is not None:  # a shared store decided it before
                 page = pages[k][1]
                 out[pages[k][0]] = replace(answer.prior, url=page.url, source=page.source,
-                                           fetched_at=page.fetched_at)
+                                           fetched_at=page.fetched_at,
+                                           namespace=dd.namespace_of(page))
                 fresh[pages[k][0]] = False
                 dd.counters.redelivered += 1
                 dd.observer.redelivered(answer.prior)

@@ -78,7 +78,8 @@ class MissingRecord(LookupError):
 class Overlay:
     """The pages kept so far in this batch, as the index would hold them."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "") -> None:
+        self.namespace = namespace  # of every page it holds, and of their decisions
         self.docs: list[StoredDoc] = []
         self.batch_index: list[int] = []
         self.raw: dict[int, int] = {}
@@ -148,6 +149,7 @@ def keep_verdict(
         page.url, "keep", reason, page_id=page_id, shared_features=shared,
         resemblance=resemblance, ld_estimate=ld, jaccard=jaccard, short=short,
         source=page.source, fetched_at=page.fetched_at, previous=previous, cluster=page_id,
+        namespace=docs.overlay.namespace,
     ), doc)
     if version is not None and version >= OVERLAY:
         v.replaces_in_batch = docs.overlay.batch_index[version - OVERLAY]
@@ -167,5 +169,5 @@ def drop_verdict(
         a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
         shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
         verified=verified, source=a.page.source, fetched_at=a.page.fetched_at,
-        containment=containment, cluster=first.page_id,
+        containment=containment, cluster=first.page_id, namespace=overlay.namespace,
     ), depends_on=depends_on)

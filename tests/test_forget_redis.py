@@ -169,14 +169,15 @@ def test_stats_count_pages_bytes_and_namespaces(make: Any, url: str) -> None:
     fill(a)
     fill(b)
     stats = a.index.stats()
-    assert stats["pages"] == 8 and stats["namespaces"]["a"]["pages"] == 4
-    assert stats["namespaces"][""]["pages"] == 4
+    assert "namespaces" not in stats  # a scan: not in what metrics read after a batch
+    spaces = a.index.namespaces()
+    assert stats["pages"] == 8 and spaces["a"]["pages"] == 4 and spaces[""]["pages"] == 4
     assert stats["index_bytes"] > 0
     assert stats["index_bytes_per_page"] == stats["index_bytes"] / 8
     assert "records_bytes" not in stats
     b.forget(selector(host="a.example"))
     stats = a.index.stats()
-    assert stats["pages"] == 6 and stats["namespaces"][""]["pages"] == 2
+    assert stats["pages"] == 6 and a.index.namespaces()[""]["pages"] == 2
     assert a.index.expires_itself
 
 
@@ -189,7 +190,7 @@ def test_a_records_store_is_read_and_emptied_too(redis_url: str, redis_single_ur
     try:
         fill(dd)
         stats = dd.index.stats()
-        assert stats["records_bytes"] > 0 and stats["namespaces"]["a"]["pages"] == 4
+        assert stats["records_bytes"] > 0 and dd.index.namespaces()["a"]["pages"] == 4
         store = connect(redis_single_url)
         assert store.dbsize() == 4
         assert len(dd.forget(selector(namespace="a", host="a.example"))) == 2

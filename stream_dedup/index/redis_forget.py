@@ -117,7 +117,9 @@ class Lifecycle(SetRounds):
 
     def stats(self) -> dict[str, Any]:
         """Pages kept (the count), Redis memory summed over every primary (and over the
-        records store's, if it has one) and per page, and namespaces() (a scan)."""
+        records store's, if it has one) and per page. Not namespaces(): a scan of the
+        whole index, which the metrics' stats after a batch must not wait for (`index
+        stats` asks for both)."""
         with self._call("stats"):
             keys, used = memory(self.client)
             pages = int(self.client.get(PAGES) or 0)
@@ -127,7 +129,6 @@ class Lifecycle(SetRounds):
             if self.records is not None:
                 out["records_keys"], out["records_bytes"] = memory(self.records)
                 out["records_used_memory"] = out["records_bytes"]
-        out["namespaces"] = self.namespaces()
         return out
 
     # --- the scan -----------------------------------------------------------------------

@@ -37,6 +37,7 @@ DEFAULT = ""
 MAX_NAME = 128
 # Printable, no spaces or separators a label, a path or a Kafka header would trip on.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+\-/]{0,127}")
+_HOST = re.compile(r"[^\s/?#@]+")  # a host (and port) as given: no space, no URL separator
 _salts: dict[str, int] = {DEFAULT: 0}
 _np_salts: dict[str, np.uint64] = {DEFAULT: np.uint64(0)}
 
@@ -254,9 +255,12 @@ def selector(*, namespace: str = DEFAULT, url: str | None = None, host: str | No
             raise NamespaceError("--url: give the page's URL")
         return Forget(namespace, url=url.strip(), url_key=url_key)
     if host is not None:
-        if not isinstance(host, str) or not host_of(f"http://{host.strip()}/"):
-            raise NamespaceError(f"--host: {str(host)[:60]!r} is not a host name")
-        return Forget(namespace, host=host_of(f"http://{host.strip()}/"))
+        given = host.strip() if isinstance(host, str) else ""
+        name = host_of(f"http://{given}/") if _HOST.fullmatch(given) else ""
+        if not name:
+            raise NamespaceError(f"--host: {str(host)[:60]!r} is not a host name (e.g. "
+                                 "example.com, without a scheme or a path)")
+        return Forget(namespace, host=name)
     if before is not None:
         return Forget(namespace, before=parse_when(before))
     return Forget(namespace, all=True)

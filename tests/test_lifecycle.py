@@ -218,3 +218,19 @@ def test_an_exactly_once_lsm_index_is_not_forgotten_behind_its_changelog(
                           text=True, timeout=120)
     assert done.returncode == 2
     assert "dedup-index-changelog" in done.stderr and "POST /v1/forget" in done.stderr
+
+
+@pytest.mark.parametrize("words", [
+    {}, {"host": "a.example", "all": True}, {"host": "a b"}, {"host": "http://a.example/p"},
+    {"host": ""}, {"url": " "}, {"before": "yesterday"}, {"before": "2026-13-01"},
+    {"all": True, "namespace": "bad name"}, {"all": True, "namespace": "-x"}])
+def test_a_selector_refuses_bad_words(words: dict) -> None:
+    from stream_dedup.namespaces import NamespaceError
+
+    with pytest.raises(NamespaceError):
+        selector(**words)
+
+
+def test_a_selector_normalizes_a_host_and_a_date() -> None:
+    assert selector(host=" EXAMPLE.com:8080 ").host == "example.com"
+    assert selector(before="2026-01-01").before == selector(before="2026-01-01T00:00Z").before

@@ -56,6 +56,9 @@ Fields that do not exist before issue 27 (reason `contained`, `Decision.contains
 `Decision.containment`) are read with getattr: on older code the script runs and shows
 recall 0 (the "before").
 
+Reading recall: most misses are short excerpts. A page of n shingles inside one of m
+becomes a candidate with a chance of about 2n/m.
+
     PYTHONPATH=/work/main python3 -P bench/containment.py      # any checkout: before/after
     python3 bench/containment.py --bar 0.95 --seed 2
 """

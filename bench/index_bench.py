@@ -19,6 +19,11 @@ layers and the keys' posting lists), then one `claim` of the batch (every page k
 A share of pages (--dup-share) reuses 3 features of an earlier page, so lookups find
 candidates as they do on a real crawl.
 
+Redis: URL is a node of a `deploy/redis-local` cluster; for the RAM figure start it with
+Redis's default listpack settings
+(`REDIS_LOCAL_EXTRA_CONFIG=$'hash-max-listpack-entries 128\\nhash-max-listpack-value 64'`).
+URL2 (--redis-records-url) is a single `redis-server` here, Kvrocks on SSD in production.
+
     python bench/index_bench.py --pages 1000000 --backends memory lsm redis redis+store \
         --redis-url redis://127.0.0.1:7000 --redis-records-url redis://127.0.0.1:7999
 """

@@ -49,6 +49,13 @@ Systems (each a callable: the prepared corpus -> one Outcome per page):
 Runtime: stream-dedup's seconds include its whole analysis (parsing included); a peer's
 include its min-hashing and LSH only (the shingles are given). No I/O is timed.
 
+Reading the figures: exact verification computes the same J8 as the ground truth, from the
+same shingles, so its precision near 1.00 is expected; what the rows test is recall. Stored
+shingle sets are sampled past 8,192 shingles, which costs some recall at J8 0.8-0.9 against
+whole sets. `contained` drops (revisions at c8 >= 0.9 of an earlier one) count for recall
+but not in the J8 precision. A page under min_shingles (25) is judged by the exact layers
+only, by design, so a near-duplicate that short is a miss.
+
     python bench/kept_relative.py                 # both corpora (~1-2 min)
     python bench/kept_relative.py --corpus warc
 """

@@ -37,6 +37,10 @@ Each memory size runs twice: `--memory-records disk` (the default: sketches and 
 signatures in the record file) and `ram`; the table also gives the file's bytes a page and
 the time of a record read (20,000 at random, after the run).
 
+Reading the figures: the peak includes the script's own chunks of records (10,000 pages of
+shingle sets at a time). The shingle sets live in the record file, not in RAM, so a 10M
+run may use small sets (--shingle-bytes 256) where mean-size records do not fit the disk.
+
     python bench/memory.py                           # memory 1M and 10M, LSM 1M
     python bench/memory.py --pages 1000000 --lsm-pages 100000 --records disk
 """

@@ -33,6 +33,10 @@ file (sketch, shingle set, LD signature: ~600 bytes a page here) is on disk, not
 `--before CHECKOUT` measures an older checkout too, the two alternated at each size (A B,
 B A, ...), and prints the wall and CPU ratios.
 
+Reading the figures: the index's merges are done a step at a time, so the peak is the
+steady state plus one step. The synthetic URLs (~38 characters) are shorter than real ones
+(WARC mean ~61), which would add ~23 B a page to both figures.
+
     python bench/replay_memory.py                          # 300K, 1M (base 50K)
     python bench/replay_memory.py --pages 50000 300000 1000000 10000000
     python bench/replay_memory.py --pages 50000 300000 --rounds 3 --before /work/main

@@ -2,6 +2,9 @@
 
     python bench/scale_out.py --redis-url redis://127.0.0.1:7000 [--pages 4000] [--rounds 3]
 
+The records (with their shingle sets) stay in the index's Redis here: with the defaults a
+page has 16 set entries and a record ~10x larger than without exact verification.
+
 The Redis must be empty and may be flushed (deploy/redis-local start /tmp/r gives one).
   1. Throughput, one instance: the same pages (../shared/corpora's httpbis + WARC pages, then
      a synthetic crawl) decided by the Deduplicator in batches of Settings.batch_size, on the

@@ -29,6 +29,11 @@ memory    Index bytes per page at 1M and 10M pages of random features (6 per pag
           and MemoryIndex itself (with its per-page document records) at 1M. Each size runs
           in a fresh child process so that its RSS growth is its own.
 
+Reading the speed section: synthetic pages are two-thirds text, so the per-character work
+the ceiling does not do (tokenizing, LD signature, min-hashes) weighs as much as the parse,
+and every kept page's shingle set is made and stored. The one-page `check` path also runs
+without the garbage-collector settings that `replay` and `serve` use.
+
     python bench/speed.py                 # everything (~10 min on 2 noisy cores)
     python bench/speed.py --quick         # smaller corpora and sizes, 3 passes (~2 min)
     python bench/speed.py --sections speed,profile --passes 7

@@ -37,6 +37,15 @@ Bounds, measured in this process:
 - host: two CPU-bound processes against one (2.0 on two free cores): on a shared machine
   the most that any second process can add at the time of the run.
 
+What bounds `--workers 2` on one file: both processes are busy to the end, so a run does at
+most what two independent replays of it do at once (--pair), divided by the CPU the two
+spend against one. That extra CPU: the worker fills a heap of its own and both copy the
+pages they write after the fork (page faults), the replay process's threads (deciding,
+reading units, the pool's result thread) hand the GIL to each other, and the results are
+pickled and unpacked. On the synthetic crawl the worker also computes the WARC digest of
+every body that came without one, and each page's analysis goes back with its shingles
+(containment needs them).
+
     python bench/workers.py                     # 5 rounds, all inputs, W = 1..cores (~7 min)
     python bench/workers.py --rounds 3 --pages 4000 --inputs corpora,small
     python bench/workers.py --inputs big,big-distinct --max-workers 3

@@ -35,7 +35,7 @@ from .memo import Memo, analyse_batch
 from .models import Decision, Page, Rejected
 from .namespaces import Forget, salt
 from .observe import _NOT_RUN, NullObserver, Observer, StageTimes, verify_outcome
-from .rounds import ask, decide_in_rounds
+from .rounds import _probe, ask, decide_in_rounds
 
 log = logging.getLogger("stream_dedup")
 __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
@@ -128,7 +128,8 @@ class Deduplicator:
                 return Decision(page.url, "reject", a.error.kind, error=a.error.message,
                                 source=page.source)
             key = self.url_key(page)
-            answers = ask(self, [a], [0], [key], register=False)
+            ns = self.namespace_of(page)
+            answers = ask(self, [a], [_probe(a, 0, key, ns)], [ns], register=False)
             verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False,
                                    url_keys=[key])[0]
             assert verdict.decision is not None, "a fully analysed page is always decided"
@@ -278,7 +279,6 @@ class Deduplicator:
             gone = self.index.forget(what)
             if self.journal is not None:
                 self.journal += [Change(None, page_id) for page_id in gone]
-            self._recent.clear()  # a page delivered again is decided afresh
             return gone
 
     def url_key(self, page: Page) -> int:

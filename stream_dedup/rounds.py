@@ -39,14 +39,12 @@ def _probe(a: Analysis, page_id: int, url_key: int, namespace: str = "") -> Prob
     return salted_probe(Probe(page_id, a.raw_fp, canonical, a.features, url_key), namespace)
 
 
-def ask(dd: Deduplicator, analyses: list[Analysis], ids: list[int], keys: list[int], *,
-        register: bool = True, records: list[int] | tuple[()] = ()) -> list[Answer]:
-    """The index's answers for these pages, each in its namespace, with what the namespaces
-    read (--namespace-read) hold: a read-only lookup a namespace read (namespaces.py)."""
-    spaces = [dd.namespace_of(a.page) for a in analyses]
-    answers = dd.index.lookup([_probe(a, pid, key, ns) for a, pid, key, ns
-                               in zip(analyses, ids, keys, spaces, strict=True)],
-                              register=register, records=records)
+def ask(dd: Deduplicator, analyses: list[Analysis], probes: list[Probe], spaces: list[str],
+        *, register: bool = True, records: list[int] | tuple[()] = ()) -> list[Answer]:
+    """The index's answers for these pages (their probes, each in its namespace `spaces[i]`),
+    with what the namespaces read (--namespace-read) hold: a read-only lookup a namespace
+    read (namespaces.py)."""
+    answers = dd.index.lookup(probes, register=register, records=records)
     reads = dd.settings.read_namespaces
     if not reads:
         return answers
@@ -55,8 +53,8 @@ def ask(dd: Deduplicator, analyses: list[Analysis], ids: list[int], keys: list[i
         which = [k for k, ns in enumerate(spaces) if ns != name]
         if not which:
             continue
-        got = dd.index.lookup([_probe(analyses[k], ids[k], 0, name) for k in which],
-                              register=False)
+        got = dd.index.lookup([_probe(analyses[k], probes[k].page_id, 0, name)
+                               for k in which], register=False)
         for k, answer in zip(which, got, strict=True):
             others[k].append(answer)
     merged = [merge_answers(own, more, dd.settings.max_posting)
@@ -82,6 +80,7 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
             times[i] = StageTimes(canonical_s=a.canonical_s)
     todo = [k for k, a in enumerate(analyses) if a.error is None]
     keys = [dd.url_key(a.page) if a.error is None else 0 for a in analyses]
+    spaces = [dd.namespace_of(a.page) for a in analyses]
     contended = 0  # rounds in which a claim was lost (waiting is the index's to bound)
     # Records the decide step asked for (Verdict.missing), every one of this batch so far: a
     # page may need several, found one a round (a page reading other namespaces: records
@@ -89,8 +88,9 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
     records: list[int] = []
     while todo:
         started = perf_counter()
-        answers = ask(dd, [analyses[k] for k in todo], [ids[k] for k in todo],
-                      [keys[k] for k in todo], records=records)
+        probes = {k: _probe(analyses[k], ids[k], keys[k], spaces[k]) for k in todo}
+        answers = ask(dd, [analyses[k] for k in todo], list(probes.values()),
+                      [spaces[k] for k in todo], records=records)
         live = []
         later = []
         for k, answer in zip(todo, answers, strict=True):
@@ -111,10 +111,9 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
                                 [ans for _, ans in live], dd.settings,
                                 url_keys=[keys[k] for k, _ in live])
         decided = perf_counter()
-        spaces = [dd.namespace_of(analyses[k].page) for k, _ in live]
-        claims = [Claim(_probe(analyses[k], ids[k], keys[k], ns), salted_doc(v.doc, ns),
-                        v.decision, v.depends_on, v.replaces, v.replaces_in_batch)
-                  for (k, _), v, ns in zip(live, verdicts, spaces, strict=True)]
+        claims = [Claim(probes[k], salted_doc(v.doc, spaces[k]), v.decision, v.depends_on,
+                        v.replaces, v.replaces_in_batch)
+                  for (k, _), v in zip(live, verdicts, strict=True)]
         won = dd.index.claim(claims)
         if dd.journal is not None:
             dd.journal += kept_changes(dd.index, claims, won)

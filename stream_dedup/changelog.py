@@ -17,7 +17,7 @@ reads the tombstone forgets the page if it holds it (`restore_batch`), so that a
 index holds no page forgotten, whether its record was compacted away yet or not.
 
 Several producers write the topic at once (one a partition of the input, on one or several
-instances), so a batch's records need not be consecutive: `batches` groups the records it
+instances), so a batch's records need not be consecutive: `changes` groups the records it
 is given by their batch header, not by adjacency, and a batch may come in two reads (its
 records on both sides of another transaction still open). Nothing depends on a batch being
 whole: `claim_again` claims each kept page as its URL's version unless the index holds that
@@ -73,17 +73,12 @@ def doc_of(value: bytes) -> StoredDoc:
     return doc
 
 
-def batches(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], int]]:
-    """Consumed changelog records (anything with .offset, .value, .headers) -> each batch's
-    kept pages, grouped by the batch header in the order the batches first appear, and the
-    offset after the batch's last record among them."""
-    for docs, _, end in changes(consumed):
-        yield docs, end
-
-
 def changes(consumed: Iterable[Any]) -> Iterator[tuple[list[StoredDoc], list[int], int]]:
-    """As `batches`, with the page ids each batch's forget tombstones name (a replaced
-    version's tombstone is none of them: claiming its replacement retires it)."""
+    """Consumed changelog records (anything with .offset, .value, .headers) -> each batch's
+    kept pages, grouped by the batch header in the order the batches first appear, the page
+    ids its forget tombstones name (a replaced version's tombstone is none of them:
+    claiming its replacement retires it), and the offset after the batch's last record
+    among them."""
     groups: dict[bytes, tuple[list[StoredDoc], list[int], list[int]]] = {}
     for record in consumed:
         headers = dict(record.headers or ())

@@ -90,7 +90,7 @@ def test_a_restored_index_decides_as_the_live_one(backend: str, tmp_path: Path) 
     from stream_dedup.index.base import LocalIndex
 
     assert isinstance(restored.index, LocalIndex)
-    for docs, _ in cl.batches(log):
+    for docs, _, _ in cl.changes(log):
         cl.claim_again(restored.index, docs)
     assert len(restored.index) == len(live.index)
     rest = pages[half:]
@@ -107,7 +107,7 @@ def test_changelog_batches_are_cut_at_the_batch_header() -> None:
                (b"k2", None, (("stream-dedup-batch", b"a"),)),
                (b"k3", b"y", (("stream-dedup-batch", b"b"),))]
     consumed = _consumed(records, 10)
-    cut = [(len(docs), end) for docs, end in cl.batches(
+    cut = [(len(docs), end) for docs, _, end in cl.changes(
         SimpleNamespace(**{**vars(r), "value": None}) for r in consumed)]
     assert cut == [(0, 12), (0, 13)]
 

@@ -60,7 +60,7 @@ from stream_dedup import Settings  # noqa: E402
 from stream_dedup.core import ldsig, theory  # noqa: E402
 from stream_dedup.core.sketch import FAMILIES, Params, Sketcher  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
-from stream_dedup.pipeline import Analysis, Analyzer, Deduplicator  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Analysis, Analyzer, Deduplicator  # noqa: E402
 
 SECTIONS = ("curve", "real", "ld")
 K, S, R = 6, 14, 2

@@ -35,7 +35,7 @@ from benchlib import table  # noqa: E402
 from kept_relative import Corpus, j8_matrix, load  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
-from stream_dedup.pipeline import Deduplicator  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
 
 
 def union_find(j8: np.ndarray, judged: list[int], bar: float) -> dict[int, int]:

@@ -87,12 +87,12 @@ from benchlib import table  # noqa: E402
 
 import stream_dedup  # noqa: E402, F811
 from stream_dedup import Settings  # noqa: E402
-from stream_dedup.analysis import Analyzer  # noqa: E402
 from stream_dedup.core.decode import decode_html  # noqa: E402
 from stream_dedup.core.extract import visible_text  # noqa: E402
 from stream_dedup.core.tokens import tokenize  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
-from stream_dedup.pipeline import Deduplicator  # noqa: E402
+from stream_dedup.pipeline.analysis import Analyzer  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
 
 CONTAINED = "contained"
 BUCKETS = ((0.0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 0.95), (0.95, 1.0))

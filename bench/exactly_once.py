@@ -10,7 +10,7 @@ In one run it:
 1. starts a broker of its own (deploy/kafka-local in a temporary directory, on two free
    ports below the ephemeral range; --bootstrap uses a running one instead), and at the
    end stops it and removes its data;
-2. builds the pages once: `stream_dedup.sample.build(seed)` for seeds 1, 2, ... (distinct
+2. builds the pages once: `stream_dedup.cli.sample.build(seed)` for seeds 1, 2, ... (distinct
    articles ~15 kB, a fifth followed by an exact copy, a fifth by the same text in other
    markup, a fifth by a near-duplicate, and short stubs; a URL a seed repeats is kept
    once). Every service gets the same pages under URLs of its own (`http://<phase
@@ -95,7 +95,7 @@ from kafkabench import (  # noqa: E402
 )
 from throughput import create_topics, delete_topics  # noqa: E402
 
-from stream_dedup.sample import build  # noqa: E402
+from stream_dedup.cli.sample import build  # noqa: E402
 
 MODES = {"at-least-once": (), "exactly-once": ("--exactly-once",)}
 SHORT = {"at-least-once": "alo", "exactly-once": "eo"}
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     need = max(args.backlog, args.warm_pages + round(max(args.rate_list, default=0) * args.seconds))
     started = time.perf_counter()
     content = contents(need)
-    print(f"pages: {len(content)} distinct sample pages (stream_dedup.sample.build, seeds "
+    print(f"pages: {len(content)} distinct sample pages (stream_dedup.cli.sample.build, seeds "
           f"1...; mean message {statistics.mean(len(c.rest) for c in content) / 1e3:.1f} kB), "
           f"the same content in every phase under URLs of its own; built in "
           f"{time.perf_counter() - started:.1f} s")

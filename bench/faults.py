@@ -5,7 +5,7 @@ A script that prints figures, not a test. In one bounded run it:
 
 1. starts a broker of its own (deploy/kafka-local in a temporary directory; it picks free
    ports below the ephemeral range, so the broker can be restarted on the same port);
-2. fills a 3-partition topic with --pages synthetic pages (stream_dedup.sample, seeds 1, 2,
+2. fills a 3-partition topic with --pages synthetic pages (stream_dedup.cli.sample, seeds 1, 2,
    ...) and, mixed in at seeded positions, --malformed records of every poison kind below
    (round robin), plus one page with a 600 KB URL (legal, but its decision is above the
    broker's 1 MB limit: it must be sent reduced);
@@ -22,7 +22,7 @@ A script that prints figures, not a test. In one bounded run it:
    and the outage's log bytes and CPU.
 
 With --exactly-once the service runs `serve --exactly-once` (Kafka transactions,
-transactions.py) and every output topic is read with isolation.level=read_committed. The
+kafka/transactions.py) and every output topic is read with isolation.level=read_committed. The
 figures then check what that mode promises: one decision per record (how many records have
 0, 1, more), every kept page once on the kept topic (matched to its input record by key and
 bytes), one dead letter per malformed record, no drop whose duplicate_of names a page that no
@@ -66,10 +66,10 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition  # noqa: E
 from throughput import create_topics, free_port  # noqa: E402  (bench/ is sys.path[0])
 
 from stream_dedup import Deduplicator, Settings  # noqa: E402
-from stream_dedup.kafka_records import install_tolerating_reader  # noqa: E402
+from stream_dedup.cli.sample import build  # noqa: E402
+from stream_dedup.kafka.messages import page_from_message, source_of  # noqa: E402
+from stream_dedup.kafka.tolerating import install_tolerating_reader  # noqa: E402
 from stream_dedup.models import position_id  # noqa: E402
-from stream_dedup.sample import build  # noqa: E402
-from stream_dedup.sources.kafka import page_from_message, source_of  # noqa: E402
 
 # name -> (key, value, kcat -H arguments, expected reject kind)
 POISONS: dict[str, tuple[bytes, bytes | None, tuple[bytes, ...], str]] = {

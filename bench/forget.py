@@ -22,7 +22,7 @@ import numpy as np
 from stream_dedup.index import MemoryIndex
 from stream_dedup.index.base import Claim, Probe, StoredDoc
 from stream_dedup.index.lsm import LsmIndex
-from stream_dedup.namespaces import salted_doc, selector
+from stream_dedup.index.namespaces import salted_doc, selector
 
 HOST = "big.example"
 

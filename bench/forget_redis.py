@@ -35,10 +35,10 @@ from indexkit import flush_redis  # noqa: E402
 
 from stream_dedup.index import StoredDoc  # noqa: E402
 from stream_dedup.index.base import Claim, Probe  # noqa: E402
+from stream_dedup.index.namespaces import salted_doc, salted_probe, selector  # noqa: E402
 from stream_dedup.index.redis import RedisIndex  # noqa: E402
 from stream_dedup.index.redis_client import memory  # noqa: E402
 from stream_dedup.models import Decision  # noqa: E402
-from stream_dedup.namespaces import salted_doc, salted_probe, selector  # noqa: E402
 
 
 def fill(index: RedisIndex, hosts: list[tuple[str, int]], batch: int, shingle_bytes: int,

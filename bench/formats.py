@@ -50,9 +50,9 @@ from formatkit import (  # noqa: E402
 
 from stream_dedup import config  # noqa: E402
 from stream_dedup.config import Settings  # noqa: E402
+from stream_dedup.kafka.dialects import dialect_for  # noqa: E402
+from stream_dedup.kafka.messages import page_from_message  # noqa: E402
 from stream_dedup.models import Page, Rejected  # noqa: E402
-from stream_dedup.sources.dialects import dialect_for  # noqa: E402
-from stream_dedup.sources.kafka import page_from_message  # noqa: E402
 
 MAX_BYTES = 8 * 1024 * 1024
 

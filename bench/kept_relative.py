@@ -79,7 +79,7 @@ from accuracy import Corpus, jaccard, prepare  # noqa: E402
 from benchlib import table  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
-from stream_dedup.pipeline import Deduplicator  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
 
 KEEP, DROP, SKIP = "keep", "drop", "skip"
 # A drop for containment (issue 27): a drop for recall, not a claim of resemblance, so not

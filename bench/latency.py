@@ -79,7 +79,7 @@ from kafkabench import (
 from throughput import create_topics, delete_topics
 
 KINDS = ("distinct", "near")
-STEPS = ("decide", "deliver", "index-commit", "source-commit")  # stream_dedup/runner.py
+STEPS = ("decide", "deliver", "index-commit", "source-commit")  # stream_dedup/runner/loop.py
 STAGES = ("canonicalize", "sketch", "index", "verify")  # stream_dedup/metrics.py
 _RUN = re.compile(rb">([^<]{40,})<")
 _TEXT = re.compile(rb">([^<]+)<")

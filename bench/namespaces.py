@@ -4,7 +4,7 @@ and in namespace "a" (B), rounds alternating A B A B, in one run, on each backen
 The pages are analysed once, before timing: a round times only what a namespace can
 change, the index's lookups and claims and the decide step (`check_batch` with the
 analyses given), on a fresh index each round. A namespace salts every key of a probe and
-of a stored record (namespaces.py), so its index work is the default's: the ratio B/A is
+of a stored record (index/namespaces.py), so its index work is the default's: the ratio B/A is
 expected within noise. C adds `--namespace-read ref` (a second, read-only lookup a page
 against a reference namespace holding the same crawl's other half): what a read costs.
 
@@ -28,8 +28,8 @@ from benchlib import header, synthetic_pages, table  # noqa: E402
 from indexkit import flush_redis  # noqa: E402
 
 from stream_dedup import Settings  # noqa: E402
-from stream_dedup.analysis import Analyzer  # noqa: E402
-from stream_dedup.pipeline import Deduplicator  # noqa: E402
+from stream_dedup.pipeline.analysis import Analyzer  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
 
 BATCH = 500
 

@@ -37,7 +37,7 @@ from benchlib import load_httpbis_pages, load_warc_pages, synthetic_pages
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.pipeline.deduplicator import Deduplicator
 
 sys.path.insert(0, str(benchlib.REPO / "tests"))
 from indexkit import flush_redis  # noqa: E402

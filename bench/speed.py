@@ -74,11 +74,11 @@ from stream_dedup.core import tokens as toks  # noqa: E402
 from stream_dedup.core.decode import decode_html  # noqa: E402
 from stream_dedup.core.sketch import Sketcher  # noqa: E402
 from stream_dedup.core.tokens import Tokens  # noqa: E402
-from stream_dedup.decide import decide_batch  # noqa: E402
+from stream_dedup.decide.step import decide_batch  # noqa: E402
 from stream_dedup.index.base import Claim, StoredDoc  # noqa: E402
 from stream_dedup.index.memory import MemoryIndex, SortedRunMultimap  # noqa: E402
 from stream_dedup.models import Decision, Page  # noqa: E402
-from stream_dedup.pipeline import (  # noqa: E402
+from stream_dedup.pipeline.deduplicator import (  # noqa: E402
     Analysis,
     Deduplicator,
     _probe,

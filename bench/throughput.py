@@ -10,9 +10,9 @@ exactly the decisions replay makes. In one run it:
    canonical one (its text differs a little): copies go through sketching, the index and
    verification, like real near-duplicates (with 5000 pages about 66 % near drops, 17 %
    keep/unique, 12 % drop/exact from the corpus's own copies, 4 % drop/canonical; printed).
-   --synthetic uses `stream_dedup.sample.build()` pages (seeds 1, 2, ...) instead. The pages
+   --synthetic uses `stream_dedup.cli.sample.build()` pages (seeds 1, 2, ...) instead. The pages
    are written once to a temporary JSONL file (body_b64 form);
-2. times `stream_dedup.replay.replay` over that file (decisions serialized to /dev/null, as
+2. times `stream_dedup.replay.run.replay` over that file (decisions serialized to /dev/null, as
    `replay -o` would write them) with 1 and 2 workers, median of --repeat passes: the whole
    call (worker pool start and stop included), and from the first batch's decisions to the
    last (the steady rate, comparable to the service's "from first decision");
@@ -79,9 +79,9 @@ from benchlib import parallel_ceiling
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
-from stream_dedup.pipeline import Deduplicator
-from stream_dedup.replay import ReplaySummary, replay
-from stream_dedup.sinks import JsonlSink
+from stream_dedup.pipeline.deduplicator import Deduplicator
+from stream_dedup.replay.run import ReplaySummary, replay
+from stream_dedup.sinks.files import JsonlSink
 from stream_dedup.sources.files import iter_inputs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def corpus_pages(root: Path) -> list[Page]:
 
 
 def synthetic_pages(n: int) -> list[Page]:
-    from stream_dedup.sample import build
+    from stream_dedup.cli.sample import build
 
     pages: list[Page] = []
     seed = 1
@@ -470,9 +470,9 @@ def replay_phases(path: Path, settings: Settings, workers: int) -> tuple[float, 
 async def service_phases(args: argparse.Namespace, input_topic: str, n: int, workers: int,
                          tag: str, created: list[str]) -> tuple[float, dict[str, float]]:
     """One in-process service pass with its batch loop's phases timed."""
-    from stream_dedup import runner
-    from stream_dedup.kafka_edges import KafkaSink, KafkaSource
-    from stream_dedup.service import serve
+    from stream_dedup.kafka.edges import KafkaSink, KafkaSource
+    from stream_dedup.kafka.service import serve
+    from stream_dedup.runner.loop import loop as runner
 
     decisions, dead = f"{tag}-decisions", f"{tag}-dead-letter"
     await create_topics(args.bootstrap, {decisions: {}, dead: {}})
@@ -641,7 +641,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bootstrap", default="127.0.0.1:9092", metavar="HOST:PORT",
                    help="Kafka broker (default 127.0.0.1:9092)")
     p.add_argument("--synthetic", action="store_true",
-                   help="stream_dedup.sample.build() pages (seeds 1, 2, ...) instead of the corpus")
+                   help="cli/sample.py build() pages (seeds 1, 2, ...) instead of the corpus")
     p.add_argument("--corpus", default=str(CORPUS), metavar="DIR",
                    help="WARC/ARC files read in place (default ../shared/corpora/warc)")
     p.add_argument("--workers", default="1,2", metavar="LIST",
@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         logdir.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
         ps = write_page_set(args, Path(tmp) / "pages.jsonl")
-        source = "synthetic (stream_dedup.sample.build)" if args.synthetic else args.corpus
+        source = "synthetic (stream_dedup.cli.sample.build)" if args.synthetic else args.corpus
         print(f"page set: {ps.pages} pages from {ps.distinct_bases} base pages of {source} "
               f"(x{ps.pages / ps.distinct_bases:.2f}), bodies {ps.total_bytes / 1e6:.1f} MB "
               f"(mean {ps.total_bytes / ps.pages / 1e3:.1f} kB), JSONL {ps.message_bytes / 1e6:.1f}"

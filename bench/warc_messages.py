@@ -29,9 +29,9 @@ from collections.abc import Callable
 from benchlib import WARCS, command_line, machine, pin
 
 from stream_dedup.core.decode import decode_html
+from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.models import Page, Skipped
 from stream_dedup.sources.fastwarc_reader import record_bytes
-from stream_dedup.sources.kafka import page_from_message
 
 LIMIT = 8 << 20
 

@@ -21,7 +21,7 @@ median of --rounds; the W/1 ratio is the ratio of the medians (the per-round rat
 is printed too). CPU W/1: the CPU seconds (user + system, workers included) of W processes
 against one: the work that splitting adds, steadier than wall time on a shared host.
 --one-cpu also times `--workers 1` under `taskset -c` (the first CPU this process may use):
-a lone replay is not placed (stream_dedup/cpus.py), so this is how much a CPU of its own
+a lone replay is not placed (stream_dedup/workers/cpus.py), so this is how much a CPU of its own
 would give it, and `--workers 2` against that is the ratio with no placement on one side.
 --pair also times two `--workers 1` replays of the input at once, each under taskset on a
 CPU of its own: against one alone on one CPU, what a second process gets done on this work
@@ -73,15 +73,15 @@ import benchlib
 import bigwarc
 from benchlib import REPO, header, parallel_ceiling, table
 
-from stream_dedup.analysis import AnalysisPool, Analyzer
 from stream_dedup.config import Settings
-from stream_dedup.cpus import allowed
-from stream_dedup.decide import Analysis
+from stream_dedup.decide.step import Analysis
 from stream_dedup.models import Page
-from stream_dedup.pipeline import Deduplicator, raw_fingerprint
-from stream_dedup.replay import replay
-from stream_dedup.sinks import JsonlSink
+from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer
+from stream_dedup.pipeline.deduplicator import Deduplicator, raw_fingerprint
+from stream_dedup.replay.run import replay
+from stream_dedup.sinks.files import JsonlSink
 from stream_dedup.sources.files import iter_inputs
+from stream_dedup.workers.cpus import allowed
 
 SMALL_DEFAULT = "copycat/commoncrawl-small-sample-1213893279526_0.arc"
 ONE_CPU = "1, one CPU"  # --one-cpu: --workers 1 under taskset
@@ -205,7 +205,7 @@ def replay_ceiling(settings: Settings, files: Sequence[Path], free: Precomputed)
     """Pages/s of the replay call (runner, reading, writing) when analysis costs nothing,
     all in this process: the FileSource path (reading here), not the worker-read units of
     a large replay, whose readers would then analyse for real."""
-    import stream_dedup.replay as replay_module
+    import stream_dedup.replay.run as replay_module
 
     best = float("inf")
     pages = 0

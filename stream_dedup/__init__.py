@@ -15,14 +15,14 @@ import sys as _sys
 if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == \
         "stream-dedup":
     _os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    if _sys.argv[1:2] == ["serve"]:  # a SIGTERM from now on stops it (signals.py)
-        from .signals import SIGNALS as _SIGNALS
+    if _sys.argv[1:2] == ["serve"]:  # a SIGTERM from now on stops it (runner/signals.py)
+        from stream_dedup.runner.signals import SIGNALS as _SIGNALS
 
         _SIGNALS.install()
 
-from .config import Settings  # noqa: E402
-from .models import Decision, DuplicateOf, Page, Rejected  # noqa: E402
-from .pipeline import Deduplicator  # noqa: E402
+from stream_dedup.config import Settings  # noqa: E402
+from stream_dedup.models import Decision, DuplicateOf, Page, Rejected  # noqa: E402
+from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["Decision", "Deduplicator", "DuplicateOf", "Page", "Rejected", "Settings", "__version__"]

@@ -15,15 +15,15 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .core.sketch import Params
-from .errors import ConfigError
+from stream_dedup.core.sketch import Params
+from stream_dedup.errors import ConfigError
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 ENV_PREFIX = "STREAM_DEDUP_"
 JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is JSON
 INPUT_FORMATS = (*JSON_FORMATS, "html", "warc")
-# The page fields a json_fields mapping may read from a message (sources/dialects.py)
+# The page fields a json_fields mapping may read from a message (kafka/dialects.py)
 JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
 MAX_CARRY_FIELDS = 32
 FieldPath = tuple[str, ...]  # "meta.url" -> ("meta", "url"): a field of a nested object
@@ -108,7 +108,7 @@ class Settings:
     batch_size: int = 500  # records decided, delivered and committed together (serve, replay)
     workers: int = 1  # processes for parsing and sketching
     recent_decisions: int = 100_000  # decisions remembered by source, for re-deliveries
-    # Kafka transactions (transactions.py): a batch's outputs and input offsets commit
+    # Kafka transactions (kafka/transactions.py): a batch's outputs and input offsets commit
     # together, once; a memory or LSM index is restored from `changelog_topic` at start
     exactly_once: bool = False
     changelog_topic: str = ""  # "": "<group_id>-index-changelog"
@@ -138,7 +138,7 @@ class Settings:
     memory_records: str = "disk"
     memory_records_dir: str = ""
     retention_days: float = 0.0  # forget pages crawled longer ago (0 = keep forever)
-    # --- namespaces (namespaces.py): many crawls in one index, none matching another ---
+    # --- namespaces (index/namespaces.py): many crawls in one index, none matching another ---
     namespace: str = ""  # the namespace pages are decided in ("": the default one)
     # A message field (JSON formats) or Kafka header (html, warc) naming a page's namespace
     # (absent in a message: `namespace`), e.g. Scrapy Cluster's "crawlid"
@@ -243,7 +243,7 @@ class Settings:
             raise ConfigError("stall_seconds must be > 0")
 
     def _check_namespaces(self) -> None:
-        from .namespaces import NamespaceError, check_name
+        from stream_dedup.index.namespaces import NamespaceError, check_name
 
         try:
             if self.namespace:
@@ -260,7 +260,7 @@ class Settings:
         """The namespaces also matched against (namespace_read), in order, once each."""
         names = [n.strip() for n in self.namespace_read.split(",")]
         if any(not n for n in names) and self.namespace_read.strip():
-            from .namespaces import check_name
+            from stream_dedup.index.namespaces import check_name
 
             check_name("", "namespace_read")
         return tuple(dict.fromkeys(n for n in names if n))

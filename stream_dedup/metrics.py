@@ -37,12 +37,12 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from . import __version__
-from .config import Settings
-from .errors import IndexUnavailable
-from .index.base import FeatureIndex
-from .models import CANONICAL as R_CANONICAL
-from .models import (
+from stream_dedup import __version__
+from stream_dedup.config import Settings
+from stream_dedup.errors import IndexUnavailable
+from stream_dedup.index.base import FeatureIndex
+from stream_dedup.models import CANONICAL as R_CANONICAL
+from stream_dedup.models import (
     CHANGED,
     CONTAINED,
     EXACT,
@@ -55,7 +55,7 @@ from .models import (
     Page,
     Rejected,
 )
-from .pipeline import Deduplicator, StageTimes, verify_outcome
+from stream_dedup.pipeline.deduplicator import Deduplicator, StageTimes, verify_outcome
 
 STAGES = ("canonicalize", "sketch", "index", "verify")
 OUTCOMES = ("confirmed", "overturned", "unsampled")

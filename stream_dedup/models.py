@@ -60,7 +60,7 @@ class Page:
     # The input's own identifiers to copy into its decision (--carry-fields), in order:
     # (name, a JSON value); () for none
     carried: Carried = ()
-    # Its namespace (namespaces.py; --namespace-field): "" the process's (--namespace)
+    # Its namespace (index/namespaces.py; --namespace-field): "" the process's (--namespace)
     namespace: str = ""
 
     def header(self, name: str) -> str | None:

@@ -50,11 +50,11 @@ from scrapy.crawler import Crawler
 from scrapy.exceptions import IgnoreRequest
 from scrapy.http import HtmlResponse, Request, Response
 
-from .config import Settings
-from .errors import ConfigError, StreamDedupError
-from .http.client import CheckClient, ServiceError
-from .models import Page
-from .sources.http import is_html
+from stream_dedup.config import Settings
+from stream_dedup.errors import ConfigError, StreamDedupError
+from stream_dedup.http.client import CheckClient, ServiceError
+from stream_dedup.models import Page
+from stream_dedup.sources.http_response import is_html
 
 log = logging.getLogger("stream_dedup.scrapy")
 
@@ -96,8 +96,8 @@ class LocalChecker:
     """The library in this process: the same Deduplicator replay and serve use."""
 
     def __init__(self, settings: Settings) -> None:
-        from .pipeline import Deduplicator
-        from .table_cache import load_tables
+        from stream_dedup.pipeline.deduplicator import Deduplicator
+        from stream_dedup.workers.table_cache import load_tables
 
         load_tables()
         self.dedup = Deduplicator(settings)

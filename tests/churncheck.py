@@ -172,7 +172,7 @@ def analysis(url: str, html: bytes) -> Any:
     if url not in _ANALYSES:
         from stream_dedup import Settings
         from stream_dedup.models import Page
-        from stream_dedup.pipeline import Analyzer
+        from stream_dedup.pipeline.deduplicator import Analyzer
 
         _ANALYSES[url] = _ANALYSES.setdefault("", Analyzer(Settings())).analyze(
             Page(url, html, HTML))

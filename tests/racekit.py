@@ -61,7 +61,7 @@ def worker(url: str, instance: int, groups: int, out: Path, start_at: float, pac
            index: str) -> None:
     from stream_dedup import Settings
     from stream_dedup.models import Page
-    from stream_dedup.pipeline import Deduplicator
+    from stream_dedup.pipeline.deduplicator import Deduplicator
 
     settings = Settings(index=index, redis_url=url if index == "redis" else "")
     dd = Deduplicator(settings)
@@ -148,7 +148,7 @@ def check(groups: int, decisions: dict[int, list[object]],
     shared features) and neither was kept as verified-distinct."""
     from stream_dedup import Settings
     from stream_dedup.models import Page
-    from stream_dedup.pipeline import Analyzer
+    from stream_dedup.pipeline.deduplicator import Analyzer
 
     settings = Settings()
     analyzer = Analyzer(settings)

@@ -5,7 +5,7 @@ checks the tests make with it.
   there, is checked (`WATCH`, installed for the whole session by conftest.py): its JSON form
   must match the schema. A bad one is recorded, not raised, so no error handler of the code
   under test can swallow it; the test during which it was made fails (conftest.py).
-  (Not when a Decision is constructed: decide.py builds some in steps, through
+  (Not when a Decision is constructed: decide/step.py builds some in steps, through
   `dataclasses.replace`, and only the last is given out.)
 - Decisions written by another process (a `serve` child on Kafka, a replay subprocess) are
   checked where the tests read them back (`decision_of`), including I-JSON's bound on every
@@ -24,7 +24,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 
 from stream_dedup.models import Decision
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.pipeline.deduplicator import Deduplicator
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "docs" / "decision.schema.json"
 SCHEMA = json.loads(SCHEMA_PATH.read_text())

@@ -84,7 +84,7 @@ def containment_crawl(tmp: Path) -> tuple[list[Path], list[Item]]:
     import containment
 
     from stream_dedup import Settings
-    from stream_dedup.analysis import Analyzer
+    from stream_dedup.pipeline.analysis import Analyzer
 
     args = containment.parse_args(["--seed=6", "--order-seed=4"])
     for name, value in dict(bases=60, excerpts=200, extended=80, quotes=20, short=10,

@@ -120,8 +120,8 @@ def test_the_clusters_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     import csv
     import json
 
-    from stream_dedup.cli import main
-    from stream_dedup.sample import write_sample
+    from stream_dedup.cli.main import main
+    from stream_dedup.cli.sample import write_sample
 
     warc, jsonl, _ = write_sample(tmp_path / "crawl")
     out = tmp_path / "d.jsonl"

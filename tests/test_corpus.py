@@ -15,8 +15,8 @@ import pytest
 
 from stream_dedup import Settings
 from stream_dedup.core import theory
-from stream_dedup.replay import replay
-from stream_dedup.sinks import MemorySink
+from stream_dedup.replay.run import replay
+from stream_dedup.sinks.files import MemorySink
 
 CORPORA = Path(__file__).resolve().parents[2] / "shared" / "corpora"
 HTTPBIS = CORPORA / "httpbis-drafts"

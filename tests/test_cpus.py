@@ -1,4 +1,4 @@
-"""Where a replay's processes run (cpus.py): one CPU each only when they fill the CPUs the
+"""Where a replay's processes run (workers/cpus.py): one CPU each only when they fill the CPUs the
 process may use; the calling thread's CPUs as they were afterwards. And the command line
 starts no BLAS threads (stream_dedup/__init__.py)."""
 
@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from stream_dedup.cpus import allowed, pinned, placement
+from stream_dedup.workers.cpus import allowed, pinned, placement
 
 needs_affinity = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
                                     reason="no sched_setaffinity here")

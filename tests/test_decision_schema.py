@@ -33,8 +33,8 @@ from test_service import (  # noqa: F401 (service: a fixture)
 )
 
 from stream_dedup import models
+from stream_dedup.cli.sample import write_sample
 from stream_dedup.models import Contained, Decision, DuplicateOf, Previous, position_id
-from stream_dedup.sample import write_sample
 
 REPO = Path(__file__).resolve().parents[1]
 KAFKA_ID = position_id(1_764_000_000_000, 3, 12_345)  # 2025-11-24, partition 3: ~1.3e29

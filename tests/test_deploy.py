@@ -16,7 +16,7 @@ import pytest
 import yaml
 from opskit import DEPLOY, REPO, queried_metrics
 
-from stream_dedup.cli import build_parser
+from stream_dedup.cli.main import build_parser
 from stream_dedup.config import Settings
 from stream_dedup.metrics import Metrics
 

@@ -1,4 +1,4 @@
-"""Crawlers' JSON dialects and carried fields, pure: sources/dialects.py, config's mappings,
+"""Crawlers' JSON dialects and carried fields, pure: kafka/dialects.py, config's mappings,
 Decision.carried, and the pipeline handing carried fields on (memory index, no broker)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from stream_dedup import Settings
 from stream_dedup.config import carry_names, json_field_map
 from stream_dedup.core.decode import decode_html
 from stream_dedup.errors import ConfigError
+from stream_dedup.kafka.dialects import CARRY_MAX_CHARS, dialect_for
+from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.models import Decision, Page, Rejected
-from stream_dedup.pipeline import Deduplicator
-from stream_dedup.sources.dialects import CARRY_MAX_CHARS, dialect_for
+from stream_dedup.pipeline.deduplicator import Deduplicator
 from stream_dedup.sources.jsonl import page_from_json
-from stream_dedup.sources.kafka import page_from_message
 
 FIREHOSE: dict[str, Any] = {
     "url": "http://a.example/start", "response_url": "http://a.example/final",

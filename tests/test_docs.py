@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.cli import build_parser
+from stream_dedup.cli.main import build_parser
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -1,7 +1,7 @@
 """`serve --exactly-once`: decisions equal an uninterrupted run after crashes at every step
 of a batch, on every backend; outputs are seen once by read_committed readers; a zombie is
-fenced; the changelog restores an index to the state it had (transactions.py,
-changelog.py). Broker tests talk to a real broker (conftest.py's kafka_bootstrap)."""
+fenced; the changelog restores an index to the state it had (kafka/transactions.py,
+kafka/changelog.py). Broker tests talk to a real broker (conftest.py's kafka_bootstrap)."""
 
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ from test_service import (
 )
 
 from stream_dedup import Deduplicator, Settings
-from stream_dedup import changelog as cl
+from stream_dedup.cli.sample import build
+from stream_dedup.kafka import changelog as cl
 from stream_dedup.models import Page
-from stream_dedup.sample import build
 
 HTML_SPARE = "<html><body><p>{}</p></body></html>"
 

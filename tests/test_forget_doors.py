@@ -1,4 +1,4 @@
-"""The operator's doors to forgetting (cli_index.py, http/app.py's /v1/forget): `stream-dedup
+"""The operator's doors to forgetting (cli/index.py, http/app.py's /v1/forget): `stream-dedup
 index forget | stats` on an LSM directory and a Redis index that real `replay` processes made,
 every bad word refused with exit 2 and nothing changed, and POST /v1/forget on a real
 Deduplicator: refused without a configured token, 401 with a wrong one, 400 on a bad
@@ -27,8 +27,8 @@ from opskit import free_port, get
 from stream_dedup import Deduplicator, Page, Settings
 from stream_dedup.http import ApiState, build_app
 from stream_dedup.http.thread import BackgroundServer
+from stream_dedup.index.namespaces import NamespaceError, check_name, selector
 from stream_dedup.metrics import Metrics
-from stream_dedup.namespaces import NamespaceError, check_name, selector
 
 REPO = Path(__file__).resolve().parents[1]
 A, B = "a.example", "b.example"
@@ -282,7 +282,7 @@ BAD_SHAPES: list[tuple[Any, str]] = [
 
 
 def _refusal(words: dict[str, Any]) -> str:
-    """What namespaces.py says of these words."""
+    """What index/namespaces.py says of these words."""
     try:
         if "namespace" in words:
             check_name(words["namespace"])

@@ -14,11 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from stream_dedup import Page, Settings
-from stream_dedup import changelog as cl
 from stream_dedup.index import MemoryIndex
 from stream_dedup.index.lsm import LsmIndex
-from stream_dedup.namespaces import Forget, selector
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.index.namespaces import Forget, selector
+from stream_dedup.kafka import changelog as cl
+from stream_dedup.pipeline.deduplicator import Deduplicator
 
 OLD, NEW = "2020-03-01T00:00:00Z", "2026-11-20T00:00:00Z"
 _WORDS = [f"w{i}" for i in range(5000)]

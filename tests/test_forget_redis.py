@@ -19,6 +19,7 @@ from indexkit import flush_redis
 from stream_dedup import Settings
 from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index.base import StoredDoc
+from stream_dedup.index.namespaces import Forget, host_of, selector
 from stream_dedup.index.redis import RedisIndex, connect
 from stream_dedup.index.redis_layout import (
     BUCKET_ENDS,
@@ -30,8 +31,7 @@ from stream_dedup.index.redis_layout import (
     set_members,
 )
 from stream_dedup.models import Decision, Page
-from stream_dedup.namespaces import Forget, host_of, selector
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.pipeline.deduplicator import Deduplicator
 
 HTML = (("Content-Type", "text/html"),)
 

@@ -29,12 +29,12 @@ from test_service import (
 )
 
 from stream_dedup import Settings
+from stream_dedup.kafka.dialects import dialect_for
+from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.models import Page
-from stream_dedup.replay import replay
-from stream_dedup.sinks import MemorySink
-from stream_dedup.sources.dialects import dialect_for
+from stream_dedup.replay.run import replay
+from stream_dedup.sinks.files import MemorySink
 from stream_dedup.sources.files import iter_inputs
-from stream_dedup.sources.kafka import page_from_message
 
 pytestmark = [
     pytest.mark.kafka, pytest.mark.slow, pytest.mark.corpus,

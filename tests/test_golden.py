@@ -20,7 +20,7 @@ from test_corpus import CORPORA, HTTPBIS, WARCS, httpbis_in_revision_order
 
 from stream_dedup import Settings
 from stream_dedup.models import Decision, Page
-from stream_dedup.pipeline import AnalysisPool, Deduplicator
+from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
 from stream_dedup.sources.files import iter_inputs
 
 pytestmark = [

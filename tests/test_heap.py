@@ -1,4 +1,4 @@
-"""The command line keeps freed heap memory for reuse (stream_dedup/heap.py): a second page
+"""The command line keeps freed heap memory for reuse (stream_dedup/workers/heap.py): a second page
 as big as the first takes its memory without page faults."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup import workers
+from stream_dedup.workers.pool import pool as workers
 
 PAGES = (300 * (64 << 10)) // 4096
 glibc = pytest.mark.skipif(not hasattr(os, "confstr") or not os.confstr("CS_GNU_LIBC_VERSION"),

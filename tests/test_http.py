@@ -17,12 +17,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from opskit import free_port, get, get_json, reordered_pair, sample_names, samples
 
 from stream_dedup import Deduplicator, Page, Settings
-from stream_dedup.cli import main
+from stream_dedup.cli.main import main
+from stream_dedup.cli.sample import build
 from stream_dedup.http import ApiState, Check, build_app
 from stream_dedup.http.app import max_request_bytes
 from stream_dedup.http.thread import BackgroundServer
 from stream_dedup.metrics import Metrics
-from stream_dedup.sample import build
 
 SETTINGS = Settings(max_page_bytes=40_000)
 HTML = {"Content-Type": "text/html; charset=utf-8"}
@@ -314,7 +314,7 @@ def test_uploads_cut_short_by_the_client_are_counted_not_logged(
 
 
 def test_replay_with_http_port(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from stream_dedup.sample import write_sample
+    from stream_dedup.cli.sample import write_sample
 
     warc, jsonl, pages = write_sample(tmp_path / "crawl")
     out = tmp_path / "d.jsonl"

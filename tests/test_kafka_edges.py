@@ -13,12 +13,12 @@ from aiokafka.record.util import calc_crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stream_dedup.kafka_client import RateLimitedLog
-from stream_dedup.kafka_records import ToleratingRecords
+from stream_dedup.kafka.batches import BatchFormatError, raw_header_key, read_batch
+from stream_dedup.kafka.client import RateLimitedLog
+from stream_dedup.kafka.decisions import Record, Topics, messages_for
+from stream_dedup.kafka.messages import page_from_message
+from stream_dedup.kafka.tolerating import ToleratingRecords
 from stream_dedup.models import Decision, Page, Rejected
-from stream_dedup.sinks.kafka import Record, Topics, messages_for
-from stream_dedup.sources.kafka import page_from_message
-from stream_dedup.sources.records import BatchFormatError, raw_header_key, read_batch
 
 
 def batch(records: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]],

@@ -23,10 +23,10 @@ from warcgen import Resp, write_warc
 
 from stream_dedup import Settings
 from stream_dedup.index import MemoryIndex
-from stream_dedup.namespaces import selector
-from stream_dedup.pipeline import Deduplicator
-from stream_dedup.replay import replay
-from stream_dedup.sinks import MemorySink
+from stream_dedup.index.namespaces import selector
+from stream_dedup.pipeline.deduplicator import Deduplicator
+from stream_dedup.replay.run import replay
+from stream_dedup.sinks.files import MemorySink
 
 pytestmark = pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")
 HOST = "drafts.example"
@@ -225,7 +225,7 @@ def test_an_exactly_once_lsm_index_is_not_forgotten_behind_its_changelog(
     {"host": ""}, {"url": " "}, {"before": "yesterday"}, {"before": "2026-13-01"},
     {"all": True, "namespace": "bad name"}, {"all": True, "namespace": "-x"}])
 def test_a_selector_refuses_bad_words(words: dict) -> None:
-    from stream_dedup.namespaces import NamespaceError
+    from stream_dedup.index.namespaces import NamespaceError
 
     with pytest.raises(NamespaceError):
         selector(**words)

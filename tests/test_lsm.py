@@ -15,8 +15,8 @@ from stream_dedup.core.sketch import Params
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
 from stream_dedup.index import CANONICAL, RAW, MemoryIndex, StoredDoc
 from stream_dedup.index.lsm import LsmIndex
-from stream_dedup.namespaces import Forget
-from stream_dedup.pipeline import Deduplicator
+from stream_dedup.index.namespaces import Forget
+from stream_dedup.pipeline.deduplicator import Deduplicator
 
 
 def _doc(i: int, fetched_at: str | None = None) -> StoredDoc:
@@ -142,7 +142,7 @@ def test_warm_from_fills_the_memory_index_a_run_decides_against(tmp_path: Path) 
     """`--warm-from DIR` through Settings (what replay and serve do): the pages the LSM
     index holds are there, so they come back as unchanged versions of their URLs, and under
     other URLs as exact copies (a refactor once left the memory index empty, silently)."""
-    from stream_dedup.sample import build
+    from stream_dedup.cli.sample import build
 
     pages = [Page(p.url, p.html.encode()) for p in build(seed=3)]
     lsm = Deduplicator(Settings(index="lsm", index_path=str(tmp_path / "i")))

@@ -11,10 +11,10 @@ from indexkit import flush_redis
 from opskit import free_port, reordered_pair, samples
 
 from stream_dedup import Deduplicator, Page, Rejected, Settings
+from stream_dedup.cli.sample import build
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.metrics import Metrics
-from stream_dedup.pipeline import NullObserver, StageTimes
-from stream_dedup.sample import build
+from stream_dedup.pipeline.deduplicator import NullObserver, StageTimes
 
 
 def _pages(seed: int = 7) -> list[Page]:

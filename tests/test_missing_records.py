@@ -10,10 +10,10 @@ import random
 from collections.abc import Sequence
 
 from stream_dedup import Deduplicator, Page, Settings
-from stream_dedup.decide import decide_batch
+from stream_dedup.decide.step import decide_batch
 from stream_dedup.index.base import Answer, Probe
 from stream_dedup.index.memory import MemoryIndex
-from stream_dedup.pipeline import Analyzer
+from stream_dedup.pipeline.deduplicator import Analyzer
 
 WORDS = [f"w{i}x" for i in range(5000)]
 

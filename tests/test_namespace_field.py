@@ -26,18 +26,18 @@ from test_service import (
 from test_warc_kafka import raw_messages
 
 from stream_dedup import Deduplicator, Settings
-from stream_dedup import memo as memo_module
-from stream_dedup.analysis import AnalysisPool, Analyzer
+from stream_dedup.cli.sample import build
 from stream_dedup.errors import ConfigError
+from stream_dedup.kafka.dialects import dialect_for
+from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.metrics import NAMESPACE_LABELS, Metrics
 from stream_dedup.models import Decision, Page, Rejected
-from stream_dedup.pipeline import StageTimes
-from stream_dedup.sample import build
-from stream_dedup.sources import units
-from stream_dedup.sources.dialects import dialect_for
+from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer
+from stream_dedup.pipeline.deduplicator import StageTimes
+from stream_dedup.pipeline.deduplicator import memo as memo_module
+from stream_dedup.replay.run import units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.jsonl import iter_jsonl_range
-from stream_dedup.sources.kafka import page_from_message
 from stream_dedup.sources.warc import SourceStats
 
 PAGES = [p for p in build(seed=44) if p.expected == ("keep", "unique")]

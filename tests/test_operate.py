@@ -37,7 +37,7 @@ from opskit import (
 from schemakit import decision_of
 from test_service import committed_and_end
 
-from stream_dedup.sample import build
+from stream_dedup.cli.sample import build
 
 
 @dataclass

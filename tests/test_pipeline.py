@@ -6,9 +6,10 @@ import random
 
 import pytest
 
-from stream_dedup import Deduplicator, Page, Rejected, Settings, pipeline
-from stream_dedup.analysis import Analyzer
-from stream_dedup.sample import build
+from stream_dedup import Deduplicator, Page, Rejected, Settings
+from stream_dedup.cli.sample import build
+from stream_dedup.pipeline.analysis import Analyzer
+from stream_dedup.pipeline.deduplicator import deduplicator as pipeline
 
 RNG_WORDS = [f"w{i}x" for i in range(5000)]
 
@@ -120,7 +121,7 @@ def test_sample_crawl_gets_the_expected_decisions() -> None:
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_batch_equals_one_by_one(workers: int) -> None:
-    from stream_dedup.pipeline import AnalysisPool
+    from stream_dedup.pipeline.deduplicator import AnalysisPool
 
     pages = [Page(p.url, p.html.encode(), (("Content-Type", "text/html"),)) for p in build(seed=9)]
     pages.insert(5, pages[0])  # a raw duplicate inside one batch
@@ -150,7 +151,7 @@ def test_check_batch_refuses_a_pool_that_is_not_an_analysis_pool() -> None:
 
 
 def test_check_batch_refuses_a_pool_built_with_other_settings() -> None:
-    from stream_dedup.pipeline import AnalysisPool
+    from stream_dedup.pipeline.deduplicator import AnalysisPool
 
     dedup = Deduplicator(Settings())
     pool = AnalysisPool(Settings(shingle_words=5), 2)  # never started: no processes
@@ -161,7 +162,7 @@ def test_check_batch_refuses_a_pool_built_with_other_settings() -> None:
 
 @pytest.mark.parametrize("workers", [1, 0, -2, 2.0, True])
 def test_an_analysis_pool_needs_two_workers_or_more(workers: object) -> None:
-    from stream_dedup.pipeline import AnalysisPool
+    from stream_dedup.pipeline.deduplicator import AnalysisPool
 
     with pytest.raises(ValueError, match="workers >= 2"):
         AnalysisPool(Settings(), workers)  # type: ignore[arg-type]
@@ -338,7 +339,7 @@ def test_a_killed_worker_breaks_one_batch_and_new_workers_serve_the_next() -> No
     import signal
     from concurrent.futures.process import BrokenProcessPool
 
-    from stream_dedup.pipeline import AnalysisPool, Analyzer
+    from stream_dedup.pipeline.deduplicator import AnalysisPool, Analyzer
 
     settings = Settings()
     analyzer = Analyzer(settings)
@@ -388,7 +389,7 @@ def test_a_worker_killed_halfway_through_sending_a_result_breaks_the_pool_not_th
     import time
     from concurrent.futures.process import BrokenProcessPool
 
-    from stream_dedup.workers import pool
+    from stream_dedup.workers.pool import pool
 
     outcome: list[object] = []
 
@@ -415,7 +416,7 @@ def test_a_worker_killed_halfway_through_sending_a_result_breaks_the_pool_not_th
 def test_a_worker_pool_starts_every_process_it_is_given() -> None:
     """Not one per task submitted while none is idle (Python's way with a forkserver): that
     ran a while on fewer processes than `--workers` asked for."""
-    from stream_dedup.workers import pool
+    from stream_dedup.workers.pool import pool
 
     p = pool(3, _nothing)
     try:

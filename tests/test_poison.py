@@ -34,7 +34,7 @@ from test_service import (
 from test_warc_kafka import produce, raw_messages
 from warcgen import Resp, http_block, metadata, request, response, warc_record, warcinfo
 
-from stream_dedup.sample import build
+from stream_dedup.cli.sample import build
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

@@ -2,7 +2,8 @@
 taken before a revoke is not delivered after it; the index is restored only once the
 partitions' earlier transactions are fenced (completed or aborted); a non-retriable error
 stops the service (exit 1) instead of starting over forever; a changelog topic that would
-lose kept pages to retention is refused (transactions.py, restore.py, kafka_topics.py)."""
+lose kept pages to retention is refused (kafka/: transactions.py,
+restore.py, topics.py)."""
 
 from __future__ import annotations
 

@@ -13,15 +13,15 @@ import pytest
 from indexkit import flush_redis
 
 from stream_dedup import Settings
-from stream_dedup.decide import Analysis, decide_batch
+from stream_dedup.decide.step import Analysis, decide_batch
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
 from stream_dedup.index.base import Claim
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, position_id
-from stream_dedup.pipeline import Analyzer, Deduplicator
-from stream_dedup.rounds import _probe
+from stream_dedup.pipeline.deduplicator import Analyzer, Deduplicator
+from stream_dedup.pipeline.rounds import _probe
 
 HTML = (("Content-Type", "text/html"),)
 TEXT = " ".join(f"word{i}" for i in range(400))
@@ -224,8 +224,8 @@ def test_a_stop_ends_a_wait_on_a_live_instance_after_the_grace(url: str) -> None
     held are released: nobody waits for them."""
     import asyncio
 
-    from stream_dedup.edges import ListSink, ListSource
-    from stream_dedup.runner import STOP_GRACE_S, Runner
+    from stream_dedup.runner.edges import ListSink, ListSource
+    from stream_dedup.runner.loop import STOP_GRACE_S, Runner
 
     settings = Settings(index="redis", redis_url=url, batch_size=10)
     now = int(time.time() * 1000)

@@ -15,7 +15,7 @@ import pytest
 from indexkit import flush_redis
 
 from stream_dedup import Settings
-from stream_dedup.decide import Analysis, Verdict, decide_batch
+from stream_dedup.decide.step import Analysis, Verdict, decide_batch
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
@@ -23,8 +23,8 @@ from stream_dedup.index.redis import RedisIndex
 from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_members
 from stream_dedup.index.redis_lease import Leases
 from stream_dedup.models import Page, position_id
-from stream_dedup.pipeline import Analyzer
-from stream_dedup.rounds import _probe
+from stream_dedup.pipeline.deduplicator import Analyzer
+from stream_dedup.pipeline.rounds import _probe
 
 SETTINGS = Settings()
 OLD, YOUNG = position_id(1_000, 0, 5), position_id(1_001, 1, 9)

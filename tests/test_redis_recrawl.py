@@ -24,13 +24,13 @@ from test_redis_protocol import (
 )
 
 from stream_dedup.core.urls import UrlKeys
-from stream_dedup.decide import Analysis, decide_batch
+from stream_dedup.decide.step import Analysis, decide_batch
 from stream_dedup.index import index_for
 from stream_dedup.index.base import WAIT, Claim, Probe
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.index.redis_layout import set_members
 from stream_dedup.models import Decision, position_id
-from stream_dedup.rounds import _probe
+from stream_dedup.pipeline.rounds import _probe
 
 URL = "http://x.example/page"
 KEY = UrlKeys().key(URL)

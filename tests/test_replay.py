@@ -18,11 +18,11 @@ from test_units import _ready_pool
 from warcgen import split_cases
 
 from stream_dedup import Deduplicator, Settings
-from stream_dedup.cli import main
+from stream_dedup.cli.main import main
+from stream_dedup.cli.sample import build, write_sample
 from stream_dedup.metrics import Metrics
-from stream_dedup.replay import EARLY_START_BYTES, replay
-from stream_dedup.sample import build, write_sample
-from stream_dedup.sinks import MemorySink
+from stream_dedup.replay.run import EARLY_START_BYTES, replay
+from stream_dedup.sinks.files import MemorySink
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +97,8 @@ def test_archives_read_in_parts_give_byte_identical_outputs(
     of warcgen.split_cases, the sample, corpus files): the decisions and the dead letters,
     byte for byte, of --workers 1; the summary names the file that is one gzip stream
     once, with the fix."""
-    from stream_dedup import replay as replay_module
-    from stream_dedup.sources import units
+    from stream_dedup.replay.run import run as replay_module
+    from stream_dedup.replay.run import units
 
     monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)  # the workers read the input
     monkeypatch.setattr(units, "UNIT_BYTES", 8000)  # in parts, these files being small
@@ -120,7 +120,7 @@ def test_archives_read_in_parts_give_byte_identical_outputs(
 
 def test_a_small_replay_starts_no_worker_process(sample, tmp_path: Path, monkeypatch,
                                                  caplog) -> None:  # type: ignore[no-untyped-def]
-    from stream_dedup import analysis
+    from stream_dedup.pipeline.deduplicator import analysis
 
     started: list[int] = []
     monkeypatch.setattr(analysis, "worker_pool", lambda *a: started.append(1))
@@ -135,8 +135,8 @@ def test_worker_processes_and_read_ahead_give_the_same_decisions(
         sample, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The pool started before the first batch and used for every one (batches of 7, the
     next read while one is decided): the decisions of one process, in the same order."""
-    from stream_dedup import analysis
-    from stream_dedup import replay as replay_module
+    from stream_dedup.pipeline.deduplicator import analysis
+    from stream_dedup.replay.run import run as replay_module
 
     warc, jsonl, _ = sample
     settings = Settings(batch_size=7)
@@ -281,7 +281,7 @@ def test_options_that_cannot_work_are_one_line_errors(
 
 
 def test_curve_plot_is_titled_in_words_labelled_and_ranged(tmp_path: Path) -> None:
-    from stream_dedup.curve import curve_figure
+    from stream_dedup.cli.curve import curve_figure
 
     ax = curve_figure(6, 14, 2, 0.7, 0.95).axes[0]
     assert ax.get_title() == "P(candidate) for 6 features of 14 min-hashes, r = 2"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from test_service import service  # noqa: F401  (the fixture)
 
-from stream_dedup.cli import main
-from stream_dedup.sample import build, write_jsonl
+from stream_dedup.cli.main import main
+from stream_dedup.cli.sample import build, write_jsonl
 
 
 def _replay(out: Path, *args: str) -> list[dict]:  # type: ignore[type-arg]

@@ -25,14 +25,14 @@ from aiokafka.structs import ConsumerRecord
 from opskit import _WORDS, free_redis_ports, html
 
 from stream_dedup import Deduplicator, Page, Settings
-from stream_dedup.edges import Crash, Faults, ListSink, ListSource
 from stream_dedup.errors import IndexUnavailable, KafkaDeliveryError
 from stream_dedup.http.app import ApiState
 from stream_dedup.index import MemoryIndex
-from stream_dedup.kafka_edges import KafkaSink, KafkaSource
+from stream_dedup.kafka.edges import KafkaSink, KafkaSource
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision
-from stream_dedup.runner import STEPS, Runner
+from stream_dedup.runner.edges import Crash, Faults, ListSink, ListSource
+from stream_dedup.runner.loop import STEPS, Runner
 
 
 class FakeConsumer:

@@ -25,7 +25,7 @@ from test_service import (  # noqa: F401 (service: a fixture)
 
 from stream_dedup import Settings
 from stream_dedup.models import Page
-from stream_dedup.pipeline import Analyzer
+from stream_dedup.pipeline.deduplicator import Analyzer
 
 pytestmark = pytest.mark.slow
 

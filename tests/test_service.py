@@ -22,9 +22,9 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from opskit import wait_for
 from schemakit import decision_of
 
+from stream_dedup.cli.sample import SamplePage, build
 from stream_dedup.config import Settings
-from stream_dedup.kafka_client import make_producer, send_now
-from stream_dedup.sample import SamplePage, build
+from stream_dedup.kafka.client import make_producer, send_now
 
 pytestmark = pytest.mark.kafka
 
@@ -426,7 +426,7 @@ def test_unreachable_broker_is_retried_and_said(service, tmp_path: Path) -> None
 
 
 def test_replay_to_kafka_feeds_the_input_topic(kafka_bootstrap: str, tmp_path: Path) -> None:
-    from stream_dedup.sample import write_sample
+    from stream_dedup.cli.sample import write_sample
 
     t = names()
     warc, jsonl, pages = write_sample(tmp_path / "crawl")

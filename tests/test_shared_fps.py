@@ -1,4 +1,4 @@
-"""The bodies the processes of a replay share (sources/shared_fps.py): a copy of a body is
+"""The bodies the processes of a replay share (workers/shared_fps.py): a copy of a body is
 analysed in one process, whichever read it first, and the decisions do not change."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 from test_units import _counting, _same_analyses, big_warc  # noqa: F401  (a fixture)
 
-from stream_dedup import Settings, analysis, memo
-from stream_dedup.analysis import Analyzer
+from stream_dedup import Settings
 from stream_dedup.models import Page
-from stream_dedup.sources import unit_plan, unit_read, units
-from stream_dedup.sources.shared_fps import SharedFingerprints
+from stream_dedup.pipeline.analysis import Analyzer
+from stream_dedup.pipeline.deduplicator import analysis, memo
+from stream_dedup.replay.run import unit_plan, unit_read, units
 from stream_dedup.sources.warc import SourceStats
+from stream_dedup.workers.shared_fps import SharedFingerprints
 
 
 def test_the_tables_are_shared_across_fork_one_writer_each() -> None:
@@ -170,7 +171,7 @@ def test_copies_in_both_processes_give_the_same_decisions(
     run = ("import sys; from stream_dedup import memo, replay; from stream_dedup.sources "
            "import units; memo.REMEMBERED = int(sys.argv[1]); "
            "replay.EARLY_START_BYTES = 0; units.UNIT_BYTES = 256 << 10; "
-           "from stream_dedup.cli import main; sys.exit(main(sys.argv[2:]))")
+           "from stream_dedup.cli.main import main; sys.exit(main(sys.argv[2:]))")
     out = {}
     for w in (1, 2):
         out[w] = tmp_path / f"w{w}.jsonl"

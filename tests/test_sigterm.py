@@ -1,7 +1,7 @@
 """SIGTERM to `stream-dedup serve`'s process group, as Kubernetes sends it, at any moment:
 while the modules load, while the index is restored from a big changelog, while the group
 is joined, in a rebalance (a second instance joining). Every time: exit code 0 within the
-grace, no "never retrieved" future in the log, and the shutdown deadline (signals.py) never
+grace, no "never retrieved" future in the log, and the shutdown deadline (runner/signals.py) never
 reached. At-least-once, a SIGTERM repeats nothing (test_service.py checks the decisions)."""
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from test_service import (
 )
 
 from stream_dedup import Deduplicator, Settings
-from stream_dedup import changelog as cl
+from stream_dedup.cli.sample import build
 from stream_dedup.index.base import Change
+from stream_dedup.kafka import changelog as cl
 from stream_dedup.models import Page
-from stream_dedup.sample import build
 
 pytestmark = pytest.mark.kafka
 
@@ -54,8 +54,8 @@ def clean_exit(svc: Service, rc: int) -> None:
     assert "never retrieved" not in text, text[-4000:]
     assert "shutdown did not finish" not in text, text[-4000:]
     # One traceback is expected: with --workers, a SIGTERM to the group while the
-    # forkserver starts (before it ignores the stop signals: workers.py) kills it, and the
-    # pool says so (analysis.py) and analyses in the deciding thread meanwhile
+    # forkserver starts (before it ignores the stop signals: workers/pool.py) kills it, and the
+    # pool says so (pipeline/analysis.py) and analyses in the deciding thread meanwhile
     tracebacks = text.count("Traceback")
     known = text.count("the analysis worker processes did not start")
     assert tracebacks <= known, text[-4000:]
@@ -119,7 +119,7 @@ def test_sigterm_at_start_up_exits_0(kafka_bootstrap: str, service, big_changelo
         t = {**t, "group": names("g")["group"]}  # from the start each time
         svc = service(t, *args, log=f"run{round_}.log", own_group=True)
         # From 0.5 s: the interpreter's own start (0.2-0.3 s here) is before any of our
-        # code can handle the signal (signals.py)
+        # code can handle the signal (runner/signals.py)
         time.sleep(rng.uniform(0.5, 5.0))
         text = svc.text()
         phase = ("loading" if "stream-dedup serve:" not in text else
@@ -194,7 +194,7 @@ class _StopSwallowsACancel:
 def test_closing_a_client_is_bounded_even_if_its_stop_ignores_a_cancel() -> None:
     """stop_within gives up on such a client within its bound (it used asyncio.wait_for,
     which after the timeout waits for the cancelled stop to end: here, for ever)."""
-    from stream_dedup.kafka_client import stop_within
+    from stream_dedup.kafka.client import stop_within
 
     loop = asyncio.new_event_loop()
     try:

@@ -42,7 +42,7 @@ from stream_dedup.errors import PageError
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources import warc
 from stream_dedup.sources.files import input_kind, iter_inputs
-from stream_dedup.sources.http import dechunk, decode_body, is_html, parse_response
+from stream_dedup.sources.http_response import dechunk, decode_body, is_html, parse_response
 from stream_dedup.sources.jsonl import iter_jsonl, page_from_json
 from stream_dedup.sources.warc import SourceStats, iter_archive
 

@@ -1,4 +1,4 @@
-"""The tokenizer tables kept on disk between runs (table_cache.py): loaded when they fit,
+"""The tokenizer tables kept on disk between runs (workers/table_cache.py): loaded when they fit,
 built again when they do not, and the same tokens either way. Each case is a fresh process:
 the tables are per process."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 TEXT = "Ünïcode ΣΊΣΥΦΟΣ straße ﬁne 東京タワー l'été Ⅻ"
 SCRIPT = f"""
 from stream_dedup.core.tokens import tokenize
-from stream_dedup.table_cache import load_tables, table_path
+from stream_dedup.workers.table_cache import load_tables, table_path
 how = load_tables()
 tokens = tokenize({TEXT!r})
 print(how, table_path(), tokens.text, tokens.hashes.tolist())

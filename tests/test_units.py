@@ -1,5 +1,5 @@
-"""`replay --workers N` with the worker processes reading the input (sources/units.py,
-sources/parts.py): the same items, analyses and decisions, in the same order, as one
+"""`replay --workers N` with the worker processes reading the input (replay/units.py,
+replay/parts.py): the same items, analyses and decisions, in the same order, as one
 process reading it; big archives cut into parts, including archives built to trip the cuts."""
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from pathlib import Path
 import pytest
 from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 
-from stream_dedup import Settings, workers
-from stream_dedup import memo as memo_module
-from stream_dedup import replay as replay_module
-from stream_dedup.analysis import AnalysisPool, Analyzer, raw_fingerprint
+from stream_dedup import Settings
+from stream_dedup.cli.sample import build, write_sample
 from stream_dedup.models import Page, Rejected
-from stream_dedup.replay import replay
-from stream_dedup.sample import build, write_sample
-from stream_dedup.sinks import MemorySink
-from stream_dedup.sources import parts, unit_feed, unit_read, units
+from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer, raw_fingerprint
+from stream_dedup.pipeline.deduplicator import memo as memo_module
+from stream_dedup.replay.run import parts, replay, unit_feed, unit_read, units
+from stream_dedup.replay.run import run as replay_module
+from stream_dedup.sinks.files import MemorySink
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.warc import SourceStats
+from stream_dedup.workers.pool import pool as workers
 
 BAD_LINES = (5, 12, 13)  # 1-based lines of crawl.jsonl that are not a page
 CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
@@ -538,7 +538,7 @@ def test_the_workers_are_let_go_once_the_last_unit_is_back(
 def test_processes_filling_the_cpus_run_on_one_each_and_no_longer_than_the_replay(
         big_warc: Path, monkeypatch: pytest.MonkeyPatch, pin: bool) -> None:
     """With as many processes as CPUs this process may use, this process's threads run on
-    the first, the worker on the second (cpus.py); --no-pin leaves them to the kernel; the
+    the first, the worker on the second (workers/cpus.py); --no-pin leaves them to the kernel; the
     caller's thread has its CPUs back afterwards."""
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:

@@ -1,5 +1,5 @@
 """One WARC record a Kafka message (`serve --input-format warc`): the pure record -> page path
-(sources/warc_message.py), against what replay makes of the same record in a file, and the
+(kafka/warc_message.py), against what replay makes of the same record in a file, and the
 runner's handling of the records that are not pages (Skipped: no decision, committed).
 
 Records are written here (warcgen); the corpus test reads ../shared/corpora/warc in place.
@@ -29,14 +29,14 @@ from warcgen import (
 )
 
 from stream_dedup import Deduplicator, Settings
-from stream_dedup.kafka_edges import KafkaSink, KafkaSource
+from stream_dedup.kafka.edges import KafkaSink, KafkaSource
+from stream_dedup.kafka.messages import page_from_message
+from stream_dedup.kafka.warc_message import page_from_warc
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Page, Rejected, Skipped
-from stream_dedup.runner import Runner
+from stream_dedup.runner.loop import Runner
 from stream_dedup.sources.fastwarc_reader import record_bytes
-from stream_dedup.sources.kafka import page_from_message
 from stream_dedup.sources.warc import iter_archive
-from stream_dedup.sources.warc_message import page_from_warc
 
 CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"
 HTML = b"<!DOCTYPE html><html><head><title>t</title></head><body>" + b"word " * 300 + b"</body>"

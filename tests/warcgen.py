@@ -194,7 +194,7 @@ def write_arc(
 
 
 def split_cases(directory: Path, bodies: Sequence[bytes], seed: int = 5) -> dict[str, Path]:
-    """Archives that trip a reader cutting files into parts (sources/parts.py), each with
+    """Archives that trip a reader cutting files into parts (replay/parts.py), each with
     HTML responses of `bodies` (at least 31) around the trap:
     - nested.warc.gz: a crawled .warc.gz as a payload: gzip members stored whole inside a
       member, which open WARC headers (a cut found there is not a record start);

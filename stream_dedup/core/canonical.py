@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import extract, tokens
-from .decode import decode_html_utf8
-from .extract import visible_text
-from .tokens import Tokens, tokenize
+from stream_dedup.core import extract, tokens
+from stream_dedup.core.decode import decode_html_utf8
+from stream_dedup.core.extract import visible_text
+from stream_dedup.core.tokens import Tokens, tokenize
 
 
 def canonicalize(body: bytes, content_type: str | None, *, boilerplate: bool) -> Tokens:

@@ -31,10 +31,10 @@ import re
 import selectolax.lexbor
 from selectolax.lexbor import LexborDocumentOptions, LexborHTMLParser, LexborNode
 
-from . import nesting
+from stream_dedup.core import nesting
 
 try:
-    from . import _native
+    from stream_dedup.core import _native
 except ImportError:  # installed without a C compiler: selectolax's Python API does it
     _native = None  # type: ignore[assignment]
 

@@ -22,10 +22,10 @@ from functools import lru_cache
 import numpy as np
 from rapidfuzz.distance import Levenshtein
 
-from .hashing import U64, mix64, odd_constants
+from stream_dedup.core.hashing import U64, mix64, odd_constants
 
 try:
-    from . import _native
+    from stream_dedup.core import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
     _native = None  # type: ignore[assignment]
 

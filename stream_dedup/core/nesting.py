@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 
-from .nesting_tree import (
+from stream_dedup.core.nesting_tree import (
     _FORMATTING,
     _HTML,
     _MATH,

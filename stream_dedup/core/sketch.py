@@ -33,12 +33,12 @@ from functools import cached_property
 import numpy as np
 import xxhash
 
-from ..errors import ConfigError
-from . import ldsig
-from .hashing import MASK64, U64, golden, mix64, mix64_int, odd_constants
+from stream_dedup.core import ldsig
+from stream_dedup.core.hashing import MASK64, U64, golden, mix64, mix64_int, odd_constants
+from stream_dedup.errors import ConfigError
 
 try:
-    from . import _native
+    from stream_dedup.core import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
     _native = None  # type: ignore[assignment]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from math import comb, exp, sqrt
 
-from ..errors import ConfigError
+from stream_dedup.errors import ConfigError
 
 
 def _check(k: int, s: int, r: int) -> None:

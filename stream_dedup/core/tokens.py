@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .hashing import U64, mix64, odd_constants
+from stream_dedup.core.hashing import U64, mix64, odd_constants
 
 try:
-    from . import _native
+    from stream_dedup.core import _native
 except ImportError:  # installed without a C compiler: the numpy code computes the same
     _native = None  # type: ignore[assignment]
 HAVE_NATIVE = _native is not None

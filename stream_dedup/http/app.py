@@ -30,15 +30,15 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .. import __version__
-from ..config import Settings
-from ..core.canonical import kernels
-from ..errors import IndexUnavailable, PageError
-from ..metrics import Metrics
-from ..models import Page
-from ..namespaces import SELECTORS, Forget, NamespaceError, check_name, selector
-from ..pipeline import Deduplicator
-from ..sources.jsonl import page_from_json
+from stream_dedup import __version__
+from stream_dedup.config import Settings
+from stream_dedup.core.canonical import kernels
+from stream_dedup.errors import IndexUnavailable, PageError
+from stream_dedup.index.namespaces import SELECTORS, Forget, NamespaceError, check_name, selector
+from stream_dedup.metrics import Metrics
+from stream_dedup.models import Page
+from stream_dedup.pipeline.deduplicator import Deduplicator
+from stream_dedup.sources.jsonl import page_from_json
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 

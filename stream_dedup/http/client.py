@@ -22,8 +22,8 @@ import aiohttp
 import orjson
 import pybase64
 
-from ..errors import ConfigError, StreamDedupError
-from ..models import Page
+from stream_dedup.errors import ConfigError, StreamDedupError
+from stream_dedup.models import Page
 
 PAGE_REFUSED = frozenset({400, 413, 415})  # the page's fault: it gets a reject, not an error
 

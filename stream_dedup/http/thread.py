@@ -1,6 +1,6 @@
 """An aiohttp app served from a thread of its own, for synchronous callers (replay).
 
-`serve` runs its app in the event loop of the Kafka runner instead (service.py).
+`serve` runs its app in the event loop of the Kafka runner instead (kafka/service.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from types import TracebackType
 
 from aiohttp import web
 
-from .app import app_runner
+from stream_dedup.http.app import app_runner
 
 
 class BackgroundServer:

@@ -7,21 +7,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..core.urls import UrlKeys
-from .base import CANONICAL, RAW, FeatureIndex, StoredDoc
-from .memory import MemoryIndex
+from stream_dedup.core.urls import UrlKeys
+from stream_dedup.index.base import CANONICAL, RAW, FeatureIndex, StoredDoc
+from stream_dedup.index.memory import MemoryIndex
 
 log = logging.getLogger("stream_dedup")
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from stream_dedup.config import Settings
 
 
 def _lsm(stamp: int, max_posting: int, path: Path | None) -> FeatureIndex:
-    from .lsm import LsmIndex  # RocksDB is loaded only when asked for
+    from stream_dedup.index.lsm import LsmIndex  # RocksDB is loaded only when asked for
 
     if path is None:
-        from ..errors import ConfigError
+        from stream_dedup.errors import ConfigError
 
         raise ConfigError("--index lsm needs --index-path DIR")
     return LsmIndex(path, stamp, max_posting)
@@ -37,7 +37,7 @@ SUPPORTED_INDEXES: dict[str, Callable[[int, int, Path | None], FeatureIndex]] = 
 def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     """The index `settings` ask for: memory (started from an LSM snapshot with warm_from),
     LSM, or Redis (`observe(operation, seconds, failed)` hears its round trips)."""
-    from ..errors import ConfigError
+    from stream_dedup.errors import ConfigError
 
     s = settings
     if s.index_path and s.index != "lsm":
@@ -54,7 +54,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     if s.warm_from:
         if s.index != "memory":
             raise ConfigError(f"--warm-from fills a memory index; it does not apply to {s.index}")
-        from .lsm import LsmIndex
+        from stream_dedup.index.lsm import LsmIndex
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)
         try:
@@ -64,7 +64,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     if s.index == "memory":
         return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key)
     if s.index == "redis":
-        from .redis import RedisIndex
+        from stream_dedup.index.redis import RedisIndex
 
         if s.verify_exact and not s.redis_records_url:
             log.warning("the verification records go to the index's Redis, each with its page's "

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexStoreError
-from ..namespaces import pack_url, unpack_url
-from .base import StoredDoc
+from stream_dedup.errors import IndexStoreError
+from stream_dedup.index.base import StoredDoc
+from stream_dedup.index.namespaces import pack_url, unpack_url
 
 _NO_FEATURES = np.zeros(0, np.uint64)
 _NO_SKETCH = np.zeros(0, np.uint32)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:
-    from ..namespaces import Forget
+    from stream_dedup.index.namespaces import Forget
 
 RAW, CANONICAL = 0, 1
 
@@ -54,7 +54,7 @@ class StoredDoc:
     page_id: int = 0  # public: the input position, or a local number (see local_ids)
     shingles: bytes = b""  # its shingles' top 32 bits (exact verification); b"": none
     url_key: int = 0  # its URL's key (core/urls.py): a URL has one version held
-    # Its namespace (namespaces.py): its keys above are salted with it; "" the default
+    # Its namespace (index/namespaces.py): its keys above are salted with it; "" the default
     namespace: str = ""
 
 
@@ -106,7 +106,7 @@ class Claim:
 
 @dataclass(slots=True, frozen=True)
 class Change:
-    """A kept page as an index's changelog carries it (changelog.py): its record, and the
+    """A kept page as an index's changelog carries it (kafka/changelog.py): its record, and the
     page id of the version of its URL it replaced; or (doc None) a page forgotten, by id."""
 
     doc: StoredDoc | None
@@ -206,7 +206,7 @@ def _most_shared_first(hit: tuple[int, int]) -> tuple[int, int]:
 
 # The two rankings the decide step verifies, from a page's posting lists (its `groups`
 # features' first, then its band keys'), as (handle, features shared): one definition for
-# decide.py and for a shared index choosing which records to fetch (RedisIndex._wanted).
+# decide/step.py and for a shared index choosing which records to fetch (RedisIndex._wanted).
 
 def near_candidates(postings: Sequence[Sequence[int]], groups: int, threshold: int
                     ) -> list[tuple[int, int]]:

@@ -1,5 +1,5 @@
 """A document record (StoredDoc) as bytes and back: the LSM index's `docs` values and the
-changelog's records (changelog.py) are the same encoding. The URL field names the page's
+changelog's records (kafka/changelog.py) are the same encoding. The URL field names the page's
 namespace outside the default one (namespaces.pack_url); a record written before
 namespaces is of the default one."""
 
@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..namespaces import pack_url, unpack_url
-from .base import StoredDoc
+from stream_dedup.index.base import StoredDoc
+from stream_dedup.index.namespaces import pack_url, unpack_url
 
 # raw fp, canonical fp, stored at, text length, k, k*s, then byte lengths: fetched_at, sig, url
 _DOC_HEAD = struct.Struct("<QQdIHHIII")

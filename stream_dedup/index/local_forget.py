@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from ..namespaces import Forget, host_of, page_time, unpack_url
+from stream_dedup.index.namespaces import Forget, host_of, page_time, unpack_url
 
 SPAN_S = 60.0
 

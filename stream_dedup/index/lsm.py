@@ -49,13 +49,13 @@ from rocksdict import (
     WriteBatch,
 )
 
-from ..core.urls import UrlKeys
-from ..errors import IndexMismatchError, IndexStoreError
-from ..namespaces import Forget, page_time
-from . import lsm_pages
-from .base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
-from .doc_codec import decode_doc, encode_doc
-from .lsm_pages import CF_IDS, CF_TIMES
+from stream_dedup.core.urls import UrlKeys
+from stream_dedup.errors import IndexMismatchError, IndexStoreError
+from stream_dedup.index import lsm_pages
+from stream_dedup.index.base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
+from stream_dedup.index.doc_codec import decode_doc, encode_doc
+from stream_dedup.index.lsm_pages import CF_IDS, CF_TIMES
+from stream_dedup.index.namespaces import Forget, page_time
 
 log = logging.getLogger("stream_dedup.index")
 

@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from rocksdict import WriteBatch
 
-from ..namespaces import Forget, host_of, page_time, salt, unpack_url
-from .base import CANONICAL, RAW, StoredDoc
-from .doc_codec import Peek, peek, url_field
-from .local_forget import iso
+from stream_dedup.index.base import CANONICAL, RAW, StoredDoc
+from stream_dedup.index.doc_codec import Peek, peek, url_field
+from stream_dedup.index.local_forget import iso
+from stream_dedup.index.namespaces import Forget, host_of, page_time, salt, unpack_url
 
 if TYPE_CHECKING:
-    from .lsm import LsmIndex
+    from stream_dedup.index.lsm import LsmIndex
 
 log = logging.getLogger("stream_dedup.index")
 

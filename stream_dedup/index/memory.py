@@ -32,21 +32,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..core.urls import UrlKeys
-from ..errors import IndexMismatchError
-from ..namespaces import Forget, salt, unpack_url
-from . import runs
-from .arena import DocArena
-from .base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
-from .local_forget import Timeline, selected_rows
+from stream_dedup.core.urls import UrlKeys
+from stream_dedup.errors import IndexMismatchError
+from stream_dedup.index import runs
+from stream_dedup.index.arena import DocArena
+from stream_dedup.index.base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
+from stream_dedup.index.local_forget import Timeline, selected_rows
+from stream_dedup.index.namespaces import Forget, salt, unpack_url
 
 try:
-    from ..core import _native
+    from stream_dedup.core import _native
 except ImportError:  # installed without a C compiler: numpy searches the runs
     _native = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
-    from .lsm import LsmIndex
+    from stream_dedup.index.lsm import LsmIndex
 
 _MEMTABLE_MAX = 8192
 _NO_FEATURES = np.zeros(0, np.uint64)

@@ -42,9 +42,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..models import position_id
-from ..namespaces import ChainDocs
-from .base import (
+from stream_dedup.index.base import (
     WAIT,
     Answer,
     Claim,
@@ -55,11 +53,13 @@ from .base import (
     near_candidates,
     weak_candidates,
 )
-from .redis_client import Observe, connect
-from .redis_forget import Lifecycle
-from .redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
-from .redis_lease import Leases
-from .redis_reads import _EMPTY
+from stream_dedup.index.namespaces import ChainDocs
+from stream_dedup.index.redis_client import Observe, connect
+from stream_dedup.index.redis_forget import Lifecycle
+from stream_dedup.index.redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
+from stream_dedup.index.redis_lease import Leases
+from stream_dedup.index.redis_reads import _EMPTY
+from stream_dedup.models import position_id
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -314,7 +314,7 @@ class RedisIndex(Lifecycle):
 
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best
-        candidates of either tier, as decide.py ranks them (the batch's own pages never push
+        candidates of either tier, as decide/step.py ranks them (the batch's own pages never push
         these out): by shared features, or by shared keys (features and band keys)."""
         out = [h for h in (answer.raw, answer.canonical, answer.version) if h is not None]
         keys, common, most = self.contain

@@ -22,9 +22,16 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from ..errors import ConfigError, IndexMismatchError, IndexUnavailable
-from .redis_layout import FORMAT, LISTPACK_ENTRIES, LISTPACK_VALUE, PAGES, SHARDS, STAMP
-from .redis_scripts import SCRIPTS
+from stream_dedup.errors import ConfigError, IndexMismatchError, IndexUnavailable
+from stream_dedup.index.redis_layout import (
+    FORMAT,
+    LISTPACK_ENTRIES,
+    LISTPACK_VALUE,
+    PAGES,
+    SHARDS,
+    STAMP,
+)
+from stream_dedup.index.redis_scripts import SCRIPTS
 
 log = logging.getLogger("stream_dedup.index")
 

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexMismatchError
-from ..namespaces import Forget, page_time, unsalted_url_key
-from .base import StoredDoc
-from .redis_client import memory
-from .redis_layout import (
+from stream_dedup.errors import IndexMismatchError
+from stream_dedup.index.base import StoredDoc
+from stream_dedup.index.namespaces import Forget, page_time, unsalted_url_key
+from stream_dedup.index.redis_client import memory
+from stream_dedup.index.redis_layout import (
     BUCKET_ENDS,
     DOC_HEAD_BYTES,
     PAGES,
@@ -42,7 +42,7 @@ from .redis_layout import (
     doc_probe,
     skipped_bytes,
 )
-from .redis_reads import _READ_SLACK, SetRounds
+from stream_dedup.index.redis_reads import _READ_SLACK, SetRounds
 
 RECORDS_A_CALL = 2_000  # KEEP pages a scan's script call reads, about (it holds its node)
 RETIRE_BATCH = 5_000  # pages retired a round trip

@@ -48,9 +48,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models import Contained, Decision, DuplicateOf, Previous
-from ..namespaces import pack_url, unpack_url
-from .base import Probe, StoredDoc
+from stream_dedup.index.base import Probe, StoredDoc
+from stream_dedup.index.namespaces import pack_url, unpack_url
+from stream_dedup.models import Contained, Decision, DuplicateOf, Previous
 
 ID_BYTES = 13  # 98-bit ids (models.position_id)
 # A page's ref: its hash tag's count of pages registered there when it was, times SHARDS,
@@ -284,7 +284,7 @@ def decode_decision(raw: bytes, page_id: int) -> Decision:
         row[11:] if len(row) > 11 else (None, None, None, [])
     dup = None if dup_id is None else DuplicateOf(dup_id, dup_url)
     previous = None if prev is None else Previous(*prev)
-    # The cluster follows from the rest (decide.py): the page's own id, else its duplicate's,
+    # The cluster follows from the rest (decide/step.py): the page's own id, else its duplicate's,
     # else its URL's version's
     cluster = pid if kind == "keep" else dup.page_id if dup is not None else \
         previous.page_id if previous is not None else None

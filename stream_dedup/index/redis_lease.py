@@ -25,9 +25,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import IndexUnavailable
-from .redis_client import Observe, ScriptClient
-from .redis_layout import SHARDS
+from stream_dedup.errors import IndexUnavailable
+from stream_dedup.index.redis_client import Observe, ScriptClient
+from stream_dedup.index.redis_layout import SHARDS
 
 log = logging.getLogger("stream_dedup.index")
 

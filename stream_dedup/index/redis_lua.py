@@ -3,7 +3,7 @@ functions) and how a script's source gets the layout's constants (redis_scripts.
 
 from __future__ import annotations
 
-from .redis_layout import FEATURE_FIELD, ID_BYTES, REF_BYTES, SHARDS, SWEEP_S
+from stream_dedup.index.redis_layout import FEATURE_FIELD, ID_BYTES, REF_BYTES, SHARDS, SWEEP_S
 
 _FLAGS = "#!lua flags=allow-cross-slot-keys\n"
 # (a local is found faster than a global's field)

@@ -11,11 +11,11 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from ..errors import IndexUnavailable
-from .base import Probe
-from .redis_client import ANY, shard_of
-from .redis_layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
-from .redis_records import CACHED_STATES, RecordRounds, _remember
+from stream_dedup.errors import IndexUnavailable
+from stream_dedup.index.base import Probe
+from stream_dedup.index.redis_client import ANY, shard_of
+from stream_dedup.index.redis_layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
+from stream_dedup.index.redis_pages import CACHED_STATES, RecordRounds, _remember
 
 _READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 _EMPTY: list[int] = []

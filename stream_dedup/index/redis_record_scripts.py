@@ -3,7 +3,7 @@ records (redis_scripts.py has the ones on set buckets and says how every script 
 
 from __future__ import annotations
 
-from .redis_lua import _ALIASES, _COMMON, _FLAGS
+from stream_dedup.index.redis_lua import _ALIASES, _COMMON, _FLAGS
 
 # A record bucket is a hash; field: a page id; value: state ('P', 'K', 'D' or 'R'), its
 # expiry (4 bytes), its ref (REF_BYTES), then for P the lease's end (ms, decimal) and 'f' if

@@ -11,8 +11,8 @@ the batch is tried again once the client knows the new owner).
 
 from __future__ import annotations
 
-from .redis_lua import _COMMON, _FLAGS, source
-from .redis_record_scripts import (
+from stream_dedup.index.redis_lua import _COMMON, _FLAGS, source
+from stream_dedup.index.redis_record_scripts import (
     _FINISH,
     _HELD,
     _LEASE,

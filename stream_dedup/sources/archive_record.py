@@ -21,7 +21,7 @@ from typing import Literal
 
 from stream_dedup.errors import PageError
 from stream_dedup.models import Page, Rejected, Revisit, Skipped
-from stream_dedup.sources.http import (
+from stream_dedup.sources.http_response import (
     Headers,
     decode_body,
     header_value,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from stream_dedup.edges import Batch, PageRecords
 from stream_dedup.models import Page, Rejected
+from stream_dedup.runner.edges import Batch, PageRecords
 from stream_dedup.sources.jsonl import iter_jsonl
 from stream_dedup.sources.warc import SourceStats, archive_format, iter_archive, read_head
 

@@ -30,7 +30,7 @@ from stream_dedup.sources.archive_record import (
     wanted,
     warc_date,
 )
-from stream_dedup.sources.http import Headers, header_value
+from stream_dedup.sources.http_response import Headers, header_value
 
 _CHUNK = 1 << 16
 _MAX_LINE = 1 << 16

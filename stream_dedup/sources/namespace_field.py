@@ -17,9 +17,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import FieldPath
-from ..errors import PageError
-from ..namespaces import NamespaceError, check_name
+from stream_dedup.config import FieldPath
+from stream_dedup.errors import PageError
+from stream_dedup.index.namespaces import NamespaceError, check_name
 
 
 def field_at(obj: Any, path: FieldPath) -> Any:

@@ -53,7 +53,7 @@ class SourceStats:
     rejected: Counter[str] = field(default_factory=Counter)  # Rejected kind
     unreadable: list[str] = field(default_factory=list)  # "path: why", a file or its rest
     repeated: list[str] = field(default_factory=list)  # inputs given again, not read again
-    # big archives one process had to read whole, being one gzip stream (sources/parts.py)
+    # big archives one process had to read whole, being one gzip stream (replay/parts.py)
     unsplit: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
@@ -115,7 +115,7 @@ def convert_records(items: Iterator[Frame | Rejected], stats: SourceStats, path:
     """The records of a reader as Pages and Rejects (a skipped record gives nothing), each
     record counted with its 0-based ordinal n: `source` is f"{name}#{n}"; with `name` None
     it is None and each item's n is appended to `ordinals` (a part of a file numbers its
-    records from 0, and the replay renumbers them; sources/parts.py)."""
+    records from 0, and the replay renumbers them; replay/parts.py)."""
     ordinal = 0
     try:
         for item in items:

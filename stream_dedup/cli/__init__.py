@@ -1,0 +1,1 @@
+"""The command line: `stream-dedup replay | serve | index | curve | clusters | sample`."""

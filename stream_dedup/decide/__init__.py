@@ -1,0 +1,1 @@
+"""The decide step, pure: analyses + what the index answered -> verdicts."""

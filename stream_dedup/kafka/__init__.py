@@ -1,0 +1,1 @@
+"""Everything Kafka: the `serve` service, its clients, edges, messages, transactions, changelog."""

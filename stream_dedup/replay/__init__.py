@@ -1,0 +1,1 @@
+"""Offline replay of captured crawls, and the worker units of `replay --workers N`."""

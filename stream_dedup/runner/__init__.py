@@ -1,0 +1,1 @@
+"""The delivery contract shared by `serve` and `replay`, its edges and its signals."""

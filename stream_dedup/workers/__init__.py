@@ -1,0 +1,1 @@
+"""Worker processes and what they share: the pool, CPUs, heap, shared fingerprints, tables."""

@@ -472,7 +472,7 @@ async def service_phases(args: argparse.Namespace, input_topic: str, n: int, wor
     """One in-process service pass with its batch loop's phases timed."""
     from stream_dedup.kafka.edges import KafkaSink, KafkaSource
     from stream_dedup.kafka.service import serve
-    from stream_dedup.runner.loop import loop as runner
+    from stream_dedup.runner import loop as runner
 
     decisions, dead = f"{tag}-decisions", f"{tag}-dead-letter"
     await create_topics(args.bootstrap, {decisions: {}, dead: {}})

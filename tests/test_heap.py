@@ -38,7 +38,7 @@ def _faults_in_a_new_interpreter(tmp_path: Path, cli: bool) -> int:
     """After `stream-dedup sample` ran in it (`cli`), or nothing."""
     script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
               "from test_heap import _second_round_faults\n"
-              + (f"from stream_dedup import cli; cli.main(['sample', {str(tmp_path)!r}])\n"
+              + (f"from stream_dedup.cli import main; main.main(['sample', {str(tmp_path)!r}])\n"
                  if cli else "")
               + "print(_second_round_faults())")
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,

@@ -32,10 +32,10 @@ from stream_dedup.kafka.dialects import dialect_for
 from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.metrics import NAMESPACE_LABELS, Metrics
 from stream_dedup.models import Decision, Page, Rejected
+from stream_dedup.pipeline import memo as memo_module
 from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer
 from stream_dedup.pipeline.deduplicator import StageTimes
-from stream_dedup.pipeline.deduplicator import memo as memo_module
-from stream_dedup.replay.run import units
+from stream_dedup.replay import units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.jsonl import iter_jsonl_range
 from stream_dedup.sources.warc import SourceStats

@@ -8,8 +8,8 @@ import pytest
 
 from stream_dedup import Deduplicator, Page, Rejected, Settings
 from stream_dedup.cli.sample import build
+from stream_dedup.pipeline import deduplicator as pipeline
 from stream_dedup.pipeline.analysis import Analyzer
-from stream_dedup.pipeline.deduplicator import deduplicator as pipeline
 
 RNG_WORDS = [f"w{i}x" for i in range(5000)]
 

@@ -97,8 +97,8 @@ def test_archives_read_in_parts_give_byte_identical_outputs(
     of warcgen.split_cases, the sample, corpus files): the decisions and the dead letters,
     byte for byte, of --workers 1; the summary names the file that is one gzip stream
     once, with the fix."""
-    from stream_dedup.replay.run import run as replay_module
-    from stream_dedup.replay.run import units
+    from stream_dedup.replay import run as replay_module
+    from stream_dedup.replay import units
 
     monkeypatch.setattr(replay_module, "EARLY_START_BYTES", 0)  # the workers read the input
     monkeypatch.setattr(units, "UNIT_BYTES", 8000)  # in parts, these files being small
@@ -120,7 +120,7 @@ def test_archives_read_in_parts_give_byte_identical_outputs(
 
 def test_a_small_replay_starts_no_worker_process(sample, tmp_path: Path, monkeypatch,
                                                  caplog) -> None:  # type: ignore[no-untyped-def]
-    from stream_dedup.pipeline.deduplicator import analysis
+    from stream_dedup.pipeline import analysis
 
     started: list[int] = []
     monkeypatch.setattr(analysis, "worker_pool", lambda *a: started.append(1))
@@ -135,8 +135,8 @@ def test_worker_processes_and_read_ahead_give_the_same_decisions(
         sample, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """The pool started before the first batch and used for every one (batches of 7, the
     next read while one is decided): the decisions of one process, in the same order."""
-    from stream_dedup.pipeline.deduplicator import analysis
-    from stream_dedup.replay.run import run as replay_module
+    from stream_dedup.pipeline import analysis
+    from stream_dedup.replay import run as replay_module
 
     warc, jsonl, _ = sample
     settings = Settings(batch_size=7)

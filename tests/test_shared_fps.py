@@ -13,9 +13,9 @@ from test_units import _counting, _same_analyses, big_warc  # noqa: F401  (a fix
 
 from stream_dedup import Settings
 from stream_dedup.models import Page
+from stream_dedup.pipeline import analysis, memo
 from stream_dedup.pipeline.analysis import Analyzer
-from stream_dedup.pipeline.deduplicator import analysis, memo
-from stream_dedup.replay.run import unit_plan, unit_read, units
+from stream_dedup.replay import unit_plan, unit_read, units
 from stream_dedup.sources.warc import SourceStats
 from stream_dedup.workers.shared_fps import SharedFingerprints
 
@@ -168,8 +168,8 @@ def test_copies_in_both_processes_give_the_same_decisions(
     """`replay --workers 2` (a process of its own: its worker is forked, and shares the
     tables) of the sample's articles and their copies, in parts, decides as one process
     does, also with a memo of 3 (forgetting while units are out)."""
-    run = ("import sys; from stream_dedup import memo, replay; from stream_dedup.sources "
-           "import units; memo.REMEMBERED = int(sys.argv[1]); "
+    run = ("import sys; from stream_dedup.pipeline import memo; from stream_dedup.replay "
+           "import run as replay, units; memo.REMEMBERED = int(sys.argv[1]); "
            "replay.EARLY_START_BYTES = 0; units.UNIT_BYTES = 256 << 10; "
            "from stream_dedup.cli.main import main; sys.exit(main(sys.argv[2:]))")
     out = {}

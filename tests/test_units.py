@@ -25,10 +25,11 @@ from warcgen import Resp, metadata, request, split_cases, warcinfo, write_warc
 from stream_dedup import Settings
 from stream_dedup.cli.sample import build, write_sample
 from stream_dedup.models import Page, Rejected
+from stream_dedup.pipeline import memo as memo_module
 from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer, raw_fingerprint
-from stream_dedup.pipeline.deduplicator import memo as memo_module
-from stream_dedup.replay.run import parts, replay, unit_feed, unit_read, units
-from stream_dedup.replay.run import run as replay_module
+from stream_dedup.replay import parts, unit_feed, unit_read, units
+from stream_dedup.replay import run as replay_module
+from stream_dedup.replay.run import replay
 from stream_dedup.sinks.files import MemorySink
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.warc import SourceStats

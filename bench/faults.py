@@ -67,7 +67,8 @@ from throughput import create_topics, free_port  # noqa: E402  (bench/ is sys.pa
 
 from stream_dedup import Deduplicator, Settings  # noqa: E402
 from stream_dedup.cli.sample import build  # noqa: E402
-from stream_dedup.kafka.messages import page_from_message, source_of  # noqa: E402
+from stream_dedup.kafka.batches import source_of  # noqa: E402
+from stream_dedup.kafka.messages import page_from_message  # noqa: E402
 from stream_dedup.kafka.tolerating import install_tolerating_reader  # noqa: E402
 from stream_dedup.models import position_id  # noqa: E402
 

@@ -74,7 +74,7 @@ import bigwarc
 from benchlib import REPO, header, parallel_ceiling, table
 
 from stream_dedup.config import Settings
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.models import Page
 from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer
 from stream_dedup.pipeline.deduplicator import Deduplicator, raw_fingerprint

@@ -23,6 +23,6 @@ if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "
 from stream_dedup.config import Settings  # noqa: E402
 from stream_dedup.models import Decision, DuplicateOf, Page, Rejected  # noqa: E402
 from stream_dedup.pipeline.deduplicator import Deduplicator  # noqa: E402
+from stream_dedup.version import __version__  # noqa: E402
 
-__version__ = "0.1.0"
 __all__ = ["Decision", "Deduplicator", "DuplicateOf", "Page", "Rejected", "Settings", "__version__"]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -37,7 +37,6 @@ from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
-from stream_dedup import __version__
 from stream_dedup.config import Settings
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.base import FeatureIndex
@@ -55,7 +54,11 @@ from stream_dedup.models import (
     Page,
     Rejected,
 )
-from stream_dedup.pipeline.deduplicator import Deduplicator, StageTimes, verify_outcome
+from stream_dedup.pipeline.observe import StageTimes, verify_outcome
+from stream_dedup.version import __version__
+
+if TYPE_CHECKING:
+    from stream_dedup.pipeline.deduplicator import Deduplicator
 
 STAGES = ("canonicalize", "sketch", "index", "verify")
 OUTCOMES = ("confirmed", "overturned", "unsampled")

@@ -38,7 +38,7 @@ from stream_dedup.pipeline.deduplicator import StageTimes
 from stream_dedup.replay import units
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.jsonl import iter_jsonl_range
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 
 PAGES = [p for p in build(seed=44) if p.expected == ("keep", "unique")]
 HTML = PAGES[0].html

@@ -13,7 +13,8 @@ import pytest
 from indexkit import flush_redis
 
 from stream_dedup import Settings
-from stream_dedup.decide.step import Analysis, decide_batch
+from stream_dedup.decide.step import decide_batch
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
 from stream_dedup.index.base import Claim
@@ -21,7 +22,7 @@ from stream_dedup.index.redis import RedisIndex
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, position_id
 from stream_dedup.pipeline.deduplicator import Analyzer, Deduplicator
-from stream_dedup.pipeline.rounds import _probe
+from stream_dedup.pipeline.rounds import page_probe
 
 HTML = (("Content-Type", "text/html"),)
 TEXT = " ".join(f"word{i}" for i in range(400))
@@ -103,7 +104,7 @@ def test_members_whose_lease_ran_out_do_not_hide_a_kept_copy(url: str) -> None:
     dead = RedisIndex(url, settings.params.stamp)
     dead.leases.lease_ms = 1
     a = Analyzer(settings).analyze(page("http://x/dead", body))
-    dead.lookup([_probe(a, pid, 0) for pid in dead.local_ids(40)])
+    dead.lookup([page_probe(a, pid, 0) for pid in dead.local_ids(40)])
     dead.leases.close(release=False)  # killed: nothing renewed, nothing released
     time.sleep(0.05)
     first = Deduplicator(settings).check_batch([page("http://x/a", body)])[0]
@@ -120,13 +121,13 @@ def test_a_page_waits_for_an_older_one_as_long_as_it_takes(url: str) -> None:
     other = RedisIndex(url, settings.params.stamp)
     qa = Analyzer(settings).analyze(older)
     assert older.position is not None
-    other.lookup([_probe(qa, older.position, 0)])  # registered: pending on the other instance
+    other.lookup([page_probe(qa, older.position, 0)])  # registered: pending on the other instance
 
     def finish_later() -> None:
         time.sleep(2.0)
-        answers = other.lookup([_probe(qa, older.position, 0)])
+        answers = other.lookup([page_probe(qa, older.position, 0)])
         v = decide_batch([qa], [older.position], answers, settings)[0]
-        assert other.claim([Claim(_probe(qa, older.position, 0), v.doc, v.decision)]) == [True]
+        assert other.claim([Claim(page_probe(qa, older.position, 0), v.doc, v.decision)]) == [True]
 
     thread = threading.Thread(target=finish_later)
     thread.start()
@@ -166,7 +167,7 @@ def test_a_ranking_the_batch_changes_reads_only_records_it_has(url: str) -> None
                         ("redis", RedisIndex(url, settings.params.stamp, settings.max_posting))):
         out: list[Decision] = []
         for batch in [[p] for p in pages] + [last]:
-            probes = [_probe(a, pid, 0) for a, pid in batch]
+            probes = [page_probe(a, pid, 0) for a, pid in batch]
             verdicts = decide_batch([a for a, _ in batch], [pid for _, pid in batch],
                                     index.lookup(probes), settings)
             index.claim([Claim(pr, v.doc, v.decision, v.depends_on)
@@ -224,8 +225,8 @@ def test_a_stop_ends_a_wait_on_a_live_instance_after_the_grace(url: str) -> None
     held are released: nobody waits for them."""
     import asyncio
 
-    from stream_dedup.runner.edges import ListSink, ListSource
-    from stream_dedup.runner.loop import STOP_GRACE_S, Runner
+    from stream_dedup.runner.edges import STOP_GRACE_S, ListSink, ListSource
+    from stream_dedup.runner.loop import Runner
 
     settings = Settings(index="redis", redis_url=url, batch_size=10)
     now = int(time.time() * 1000)
@@ -233,7 +234,7 @@ def test_a_stop_ends_a_wait_on_a_live_instance_after_the_grace(url: str) -> None
     other = RedisIndex(url, settings.params.stamp)
     qa = Analyzer(settings).analyze(older)
     assert older.position is not None
-    other.lookup([_probe(qa, older.position, 0)])  # pending there, for as long as it lives
+    other.lookup([page_probe(qa, older.position, 0)])  # pending there, for as long as it lives
     dd = Deduplicator(settings)
     young = page("http://x/p", NEAR, position_id(now + 5, 1, 0))
     source, sink = ListSource({"pages/0": [young]}), ListSink()

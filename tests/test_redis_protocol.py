@@ -15,7 +15,8 @@ import pytest
 from indexkit import flush_redis
 
 from stream_dedup import Settings
-from stream_dedup.decide.step import Analysis, Verdict, decide_batch
+from stream_dedup.decide.step import Verdict, decide_batch
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
@@ -24,7 +25,7 @@ from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_mem
 from stream_dedup.index.redis_lease import Leases
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline.deduplicator import Analyzer
-from stream_dedup.pipeline.rounds import _probe
+from stream_dedup.pipeline.rounds import page_probe
 
 SETTINGS = Settings()
 OLD, YOUNG = position_id(1_000, 0, 5), position_id(1_001, 1, 9)
@@ -63,7 +64,7 @@ YOUNG_PAGE = analysis("http://x/young", TEXT.replace("word5x5", "other"))
 
 
 def ask(index: RedisIndex, a: Analysis, pid: int, url_key: int = 0) -> Answer:
-    return index.lookup([_probe(a, pid, url_key)])[0]
+    return index.lookup([page_probe(a, pid, url_key)])[0]
 
 
 def decide(a: Analysis, pid: int, answer: Answer, url_key: int = 0) -> Verdict:
@@ -71,7 +72,7 @@ def decide(a: Analysis, pid: int, answer: Answer, url_key: int = 0) -> Verdict:
 
 
 def claim(index: RedisIndex, a: Analysis, pid: int, v: Verdict, url_key: int = 0) -> bool:
-    return index.claim([Claim(_probe(a, pid, url_key), v.doc, v.decision, v.depends_on,
+    return index.claim([Claim(page_probe(a, pid, url_key), v.doc, v.decision, v.depends_on,
                               v.replaces, v.replaces_in_batch)])[0]
 
 

@@ -24,13 +24,14 @@ from test_redis_protocol import (
 )
 
 from stream_dedup.core.urls import UrlKeys
-from stream_dedup.decide.step import Analysis, decide_batch
+from stream_dedup.decide.step import decide_batch
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.index import index_for
 from stream_dedup.index.base import WAIT, Claim, Probe
 from stream_dedup.index.redis import RedisIndex
 from stream_dedup.index.redis_layout import set_members
 from stream_dedup.models import Decision, position_id
-from stream_dedup.pipeline.rounds import _probe
+from stream_dedup.pipeline.rounds import page_probe
 
 URL = "http://x.example/page"
 KEY = UrlKeys().key(URL)
@@ -75,7 +76,7 @@ def serial(pages: list[tuple[Analysis, int]]) -> list[Decision]:
     index = index_for(SETTINGS)
     out = []
     for a, pid in pages:
-        probe = _probe(a, pid, KEY)
+        probe = page_probe(a, pid, KEY)
         v = decide_batch([a], [pid], index.lookup([probe]), SETTINGS, url_keys=[KEY])[0]
         index.claim([Claim(probe, v.doc, v.decision, v.depends_on, v.replaces,
                            v.replaces_in_batch)])
@@ -144,7 +145,7 @@ def test_two_fetches_in_one_batch_leave_the_later(two) -> None:  # type: ignore[
     replaced V0; only once the earlier is KEEP."""
     a, _ = two
     pages = [(SECOND, OLD), (THIRD, YOUNG)]
-    probes = [_probe(x, pid, KEY) for x, pid in pages]
+    probes = [page_probe(x, pid, KEY) for x, pid in pages]
     verdicts = decide_batch([x for x, _ in pages], [pid for _, pid in pages], a.lookup(probes),
                             SETTINGS, url_keys=[KEY, KEY])
     assert a.claim([Claim(p, v.doc, v.decision, v.depends_on, v.replaces, v.replaces_in_batch)

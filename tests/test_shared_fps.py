@@ -16,7 +16,7 @@ from stream_dedup.models import Page
 from stream_dedup.pipeline import analysis, memo
 from stream_dedup.pipeline.analysis import Analyzer
 from stream_dedup.replay import unit_plan, unit_read, units
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 from stream_dedup.workers.shared_fps import SharedFingerprints
 
 
@@ -65,7 +65,7 @@ def test_full_tables_are_cleared_or_rebuilt_and_keep_what_is_remembered() -> Non
 
 @pytest.fixture
 def worker(monkeypatch: pytest.MonkeyPatch) -> SharedFingerprints:
-    """This process as the parent and, through `_worker_read`, as its one worker (the same
+    """This process as the parent and, through `worker_read`, as its one worker (the same
     code a forked worker runs; the first test shows the tables shared across fork)."""
     seen = SharedFingerprints(1)
     seen.claim()
@@ -100,7 +100,7 @@ def test_a_worker_sends_fingerprints_for_bodies_this_process_remembers(
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
     here = source._here(units._Slot(first))
     assert len(source._shared.memo.rows) > 10
-    packed = unit_read._worker_read(first)
+    packed = unit_read.worker_read(first)
     pages = [r for r in packed.rows if r is not None]
     assert pages and all(isinstance(r, int) for r in pages)  # no analysis came back
     _same_analyses(unit_read.unpack(packed, None, source._shared.recall), here)
@@ -112,10 +112,10 @@ def test_a_worker_sends_fingerprints_even_for_bodies_it_analysed_itself(
     asked first: their rows (~3.7 KB each) are not sent again."""
     first = _first_unit(big_warc)
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
-    packed = unit_read._worker_read(first)
+    packed = unit_read.worker_read(first)
     assert any(not isinstance(r, int) for r in packed.rows if r is not None)
     source._shared.remembered(unit_read.unpack(packed, None, source._shared.recall))
-    again = unit_read._worker_read(first)
+    again = unit_read.worker_read(first)
     pages = [r for r in again.rows if r is not None]
     assert pages and all(isinstance(r, int) for r in pages)
     _same_analyses(unit_read.unpack(again, None, source._shared.recall),
@@ -128,7 +128,7 @@ def test_a_copy_a_worker_reads_is_analysed_there_not_here(
     """The worker reads a unit first: the same unit read here leaves every page for later,
     and once the worker's analyses are back none is analysed here."""
     first = _first_unit(big_warc)
-    packed = unit_read._worker_read(first)
+    packed = unit_read.worker_read(first)
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
     analysed = _counting(monkeypatch)
     here = source._here(units._Slot(first))
@@ -199,6 +199,6 @@ def test_a_body_analysed_here_is_told_to_the_workers_before_its_analysis_is_done
     here = source._here(units._Slot(first))
     assert len(told) > 10 and all(told)
     monkeypatch.setattr(Analyzer, "analyze", analyze)
-    packed = unit_read._worker_read(first)
+    packed = unit_read.worker_read(first)
     assert all(isinstance(r, int) for r in packed.rows if r is not None)
     _same_analyses(unit_read.unpack(packed, None, source._shared.recall), here)

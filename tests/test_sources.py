@@ -44,7 +44,8 @@ from stream_dedup.sources import warc
 from stream_dedup.sources.files import input_kind, iter_inputs
 from stream_dedup.sources.http_response import dechunk, decode_body, is_html, parse_response
 from stream_dedup.sources.jsonl import iter_jsonl, page_from_json
-from stream_dedup.sources.warc import SourceStats, iter_archive
+from stream_dedup.sources.stats import SourceStats
+from stream_dedup.sources.warc import iter_archive
 
 HTML = b"<!DOCTYPE html><html><head><title>t</title></head><body>" + b"word " * 300 + b"</body>"
 CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"

@@ -32,7 +32,7 @@ from stream_dedup.replay import run as replay_module
 from stream_dedup.replay.run import replay
 from stream_dedup.sinks.files import MemorySink
 from stream_dedup.sources.files import iter_inputs
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 from stream_dedup.workers.pool import pool as workers
 
 BAD_LINES = (5, 12, 13)  # 1-based lines of crawl.jsonl that are not a page
@@ -291,7 +291,7 @@ def test_a_worker_reads_a_bad_record_as_a_reject(crawl: list[Path]) -> None:
         assert pool.wait_ready(60)
         executor = pool.executor()
         assert executor is not None
-        got, sent = (units.unpack(executor.result(executor.submit(units._worker_read, u)))
+        got, sent = (units.unpack(executor.result(executor.submit(units.worker_read, u)))
                      for u in (unit, page_unit))
     here = units.read_unit(unit, Analyzer(Settings()), memo_module.Memo())
     assert len(got.items) == 1 and isinstance(got.items[0], Rejected)
@@ -632,7 +632,7 @@ def test_a_body_a_worker_analysed_is_not_analysed_again_here(
         assert pool.wait_ready(60)
         executor = pool.executor()
         assert executor is not None
-        packed = executor.result(executor.submit(units._worker_read, first))
+        packed = executor.result(executor.submit(units.worker_read, first))
     source = units.UnitSource([big_warc], Analyzer(Settings()), None)
     got = source._shared.remembered(units.unpack(packed))
     assert got.items and len(source._shared.memo.rows) > 10

@@ -163,7 +163,7 @@ def test_every_corpus_record_as_a_message_is_what_replay_reads() -> None:
     """Each record of every real WARC file that can be cut into records, as one message:
     the same pages, revisits and rejects as replay's reading of the file, in order, and the
     skipped records are the file's skipped ones."""
-    from stream_dedup.sources.warc import SourceStats
+    from stream_dedup.sources.stats import SourceStats
     compared = 0
     for path in sorted(p for p in CORPUS.rglob("*.warc*") if p.is_file()):
         try:

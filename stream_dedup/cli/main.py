@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stream_dedup import __version__
 from stream_dedup.cli.index import add_parser as add_index_parser
 from stream_dedup.cli.settings import setting_flags, settings_of
 from stream_dedup.config import Settings
 from stream_dedup.errors import ConfigError, StreamDedupError
 from stream_dedup.runner.signals import SIGNALS
+from stream_dedup.version import __version__
 from stream_dedup.workers.heap import keep_heap
 from stream_dedup.workers.table_cache import load_tables
 

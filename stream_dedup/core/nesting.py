@@ -44,14 +44,14 @@ from __future__ import annotations
 import re
 
 from stream_dedup.core.nesting_tree import (
-    _FORMATTING,
-    _HTML,
-    _MATH,
-    _SVG,
-    _TABLE_PARTS,
-    _ends_scope,
-    _Entry,
-    _Tree,
+    FORMATTING,
+    NS_HTML,
+    NS_MATH,
+    NS_SVG,
+    TABLE_PARTS,
+    Entry,
+    Tree,
+    ends_scope,
 )
 
 __all__ = ["nesting_depth", "too_deep"]
@@ -61,7 +61,7 @@ _VOID = frozenset(
     "source track wbr".split()
 )
 _NO_PUSH = frozenset({"html", "head", "body"})
-_FOREIGN_ROOTS = {"svg": _SVG, "math": _MATH}
+_FOREIGN_ROOTS = {"svg": NS_SVG, "math": NS_MATH}
 _MATH_IN_TEXT = frozenset({"mglyph", "malignmark"})  # MathML even in mi, mo, ...
 _HTML_ENCODINGS = frozenset({"text/html", "application/xhtml+xml"})  # of an annotation-xml
 # Start tags that leave svg/math: the foreign elements are popped first. The spec's list, less
@@ -191,14 +191,14 @@ def nesting_depth(html: str, limit: int) -> int:
     limit + 1 as soon as it exceeds `limit`."""
     low = html.translate(_ASCII_LOWER)  # lexbor lower-cases ASCII only; same length
     n = len(html)
-    tree = _Tree(limit)
+    tree = Tree(limit)
     stack = tree.stack
     i = markup_end = 0
     while True:
         i = html.find("<", i)
         if i < 0 or i + 1 >= n or tree.deepest > limit or tree.overflow:
             return tree.result()
-        if i > markup_end and (not stack or stack[-1].children == _HTML) and tree.reconstruct():
+        if i > markup_end and (not stack or stack[-1].children == NS_HTML) and tree.reconstruct():
             continue  # text: reopen formatting elements
         c = html[i + 1]
         if html.startswith("<![CDATA[", i) and stack and not stack[-1].html:
@@ -236,36 +236,36 @@ def nesting_depth(html: str, limit: int) -> int:
             return tree.result()
         i = markup_end = end
         top = stack[-1] if stack else None
-        ns = top.children if top is not None else _HTML
-        if ns != _HTML and (name in ("p", "br") if closing else name in _BREAKOUT):
+        ns = top.children if top is not None else NS_HTML
+        if ns != NS_HTML and (name in ("p", "br") if closing else name in _BREAKOUT):
             tree.leave_foreign()
-            top, ns = (stack[-1] if stack else None), _HTML
+            top, ns = (stack[-1] if stack else None), NS_HTML
         if closing:
             tree.end_tag(name)
             continue
-        if ns == _HTML and top is not None and top.math_text and name in _MATH_IN_TEXT:
-            ns = _MATH
-        if ns == _HTML and name in _FOREIGN_ROOTS:
+        if ns == NS_HTML and top is not None and top.math_text and name in _MATH_IN_TEXT:
+            ns = NS_MATH
+        if ns == NS_HTML and name in _FOREIGN_ROOTS:
             ns = _FOREIGN_ROOTS[name]  # the element itself is foreign: <svg/> closes itself
             if not self_closing:
                 tree.reconstruct()
-                tree.push(_Entry(name, ns))
-        elif ns != _HTML:  # no tag ends another here; foreign void-named tags nest too
+                tree.push(Entry(name, ns))
+        elif ns != NS_HTML:  # no tag ends another here; foreign void-named tags nest too
             if not self_closing:
-                entry = _Entry(name, ns)
-                if ns == _MATH and name == "annotation-xml" and encoding is not None:
+                entry = Entry(name, ns)
+                if ns == NS_MATH and name == "annotation-xml" and encoding is not None:
                     if encoding.translate(_ASCII_LOWER) in _HTML_ENCODINGS:
-                        entry.children = _HTML  # an HTML integration point
+                        entry.children = NS_HTML  # an HTML integration point
                 tree.push(entry)
-        elif name not in _NO_PUSH and (name not in _TABLE_PARTS or tree.table_part(name)):
-            if name == "select" and tree.close(("select",), _ends_scope):
+        elif name not in _NO_PUSH and (name not in TABLE_PARTS or tree.table_part(name)):
+            if name == "select" and tree.close(("select",), ends_scope):
                 continue  # a <select> in a select ends it, and is not inserted
             tree.start_closes(name)
             if (name not in _NO_RECONSTRUCT and tree.reconstruct()) or name in _VOID:
                 continue
-            entry = _Entry(name, identity=name + " " + html[j : end - 1].strip(_SPACE + "/"))
+            entry = Entry(name, identity=name + " " + html[j : end - 1].strip(_SPACE + "/"))
             tree.push(entry)
-            if name in _FORMATTING:
+            if name in FORMATTING:
                 tree.add_formatting(entry)
             if name == "plaintext":
                 return tree.result()

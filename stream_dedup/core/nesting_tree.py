@@ -30,22 +30,23 @@ _SCOPED_END = frozenset(
     "colgroup tbody tfoot thead tr td th".split()
 )
 
-_TABLE_PARTS = frozenset("caption col colgroup tbody tfoot thead tr td th".split())
+TABLE_PARTS = frozenset("caption col colgroup tbody tfoot thead tr td th".split())
 
 _SECTIONS = frozenset({"tbody", "thead", "tfoot"})
 
 _TABLE_CONTEXTS = frozenset("table tbody thead tfoot tr td th caption colgroup template".split())
 
-_HTML, _SVG, _MATH = 0, 1, 2  # the namespace of an element's children
+NS_HTML, NS_SVG, NS_MATH = 0, 1, 2  # the namespace of an element's children
 
 # Elements of svg / MathML whose children are HTML again (and a MathML annotation-xml whose
 # encoding attribute says HTML).
 _INTEGRATION = {
-    _SVG: frozenset({"foreignobject", "desc", "title"}),
-    _MATH: frozenset({"mi", "mo", "mn", "ms", "mtext"}),
+    NS_SVG: frozenset({"foreignobject", "desc", "title"}),
+    NS_MATH: frozenset({"mi", "mo", "mn", "ms", "mtext"}),
 }
 
-_FOREIGN_SPECIAL = {_SVG: _INTEGRATION[_SVG], _MATH: _INTEGRATION[_MATH] | {"annotation-xml"}}
+_FOREIGN_SPECIAL = {NS_SVG: _INTEGRATION[NS_SVG],
+                    NS_MATH: _INTEGRATION[NS_MATH] | {"annotation-xml"}}
 
 _HEADINGS = frozenset("h1 h2 h3 h4 h5 h6".split())
 
@@ -56,7 +57,7 @@ _P_CLOSERS = frozenset(
     "plaintext xmp hr h1 h2 h3 h4 h5 h6 li dd dt".split()
 )
 
-_FORMATTING = frozenset("a b big code em font i nobr s small strike strong tt u".split())
+FORMATTING = frozenset("a b big code em font i nobr s small strike strong tt u".split())
 
 _MARKERS = frozenset("applet object marquee template td th caption".split())  # in `active`
 
@@ -64,29 +65,29 @@ _ARK = 3  # Noah's ark: at most this many identical formatting elements after a 
 
 _ACTIVE_MAX = 512  # a longer list of active formatting elements counts as too deep
 
-class _Entry:
+class Entry:
     """An element on the stack (`is_open`) or in the list of active formatting elements."""
 
     __slots__ = ("name", "html", "children", "special", "scope", "math_text", "identity",
                  "is_open")  # fmt: skip
 
-    def __init__(self, name: str, ns: int = _HTML, identity: str = "") -> None:
+    def __init__(self, name: str, ns: int = NS_HTML, identity: str = "") -> None:
         self.name = name
-        self.html = ns == _HTML
+        self.html = ns == NS_HTML
         self.special = name in (_SPECIAL if self.html else _FOREIGN_SPECIAL[ns])
         self.scope = name in _SCOPE if self.html else self.special
-        self.math_text = ns == _MATH and name in _INTEGRATION[_MATH]
+        self.math_text = ns == NS_MATH and name in _INTEGRATION[NS_MATH]
         # the namespace of its children (HTML again in an integration point)
-        self.children = _HTML if not self.html and name in _INTEGRATION[ns] else ns
+        self.children = NS_HTML if not self.html and name in _INTEGRATION[ns] else ns
         self.identity = identity  # name and attributes, for Noah's ark
         self.is_open = False
 
-class _Tree:
+class Tree:
     """The stack of open elements and the list of active formatting elements (None: marker)."""
 
     def __init__(self, limit: int) -> None:
-        self.stack: list[_Entry] = []
-        self.active: list[_Entry | None] = []
+        self.stack: list[Entry] = []
+        self.active: list[Entry | None] = []
         self.limit = limit
         self.deepest = 0
         self.tables = 0  # open table and template elements: table parts are not ignored
@@ -95,14 +96,14 @@ class _Tree:
     def result(self) -> int:
         return self.limit + 1 if self.overflow or self.deepest > self.limit else self.deepest
 
-    def _add_active(self, entry: _Entry | None) -> bool:
+    def _add_active(self, entry: Entry | None) -> bool:
         if len(self.active) == _ACTIVE_MAX:
             self.overflow = True
             return True
         self.active.append(entry)
         return False
 
-    def push(self, entry: _Entry) -> bool:
+    def push(self, entry: Entry) -> bool:
         """True when the stack is now deeper than the limit."""
         self.stack.append(entry)
         entry.is_open = True
@@ -145,12 +146,12 @@ class _Tree:
         for k in range(first, len(self.active)):
             entry = self.active[k]
             assert entry is not None
-            entry = self.active[k] = _Entry(entry.name, identity=entry.identity)
+            entry = self.active[k] = Entry(entry.name, identity=entry.identity)
             if self.push(entry):
                 return True
         return False
 
-    def add_formatting(self, entry: _Entry) -> None:
+    def add_formatting(self, entry: Entry) -> None:
         start = self._after_marker()
         same = [
             k
@@ -169,8 +170,8 @@ class _Tree:
         return -1
 
     def close(
-        self, names: frozenset[str] | tuple[str, ...], stop: Callable[[_Entry], bool]
-    ) -> _Entry | None:
+        self, names: frozenset[str] | tuple[str, ...], stop: Callable[[Entry], bool]
+    ) -> Entry | None:
         """Pop through the nearest open HTML element named in `names` and return it, unless
         an entry for which `stop` holds comes first or it is more than `_SEARCH` entries down
         (the model then keeps it open)."""
@@ -187,7 +188,7 @@ class _Tree:
     def end_tag(self, name: str) -> None:
         if name in ("html", "head", "body", "br", "frameset"):  # lexbor may have ignored
             return  # the <frameset> (in a body): its end tag must not pop what is above it
-        if name in _FORMATTING:
+        if name in FORMATTING:
             k = self.find_active(name)
             if k >= 0 and not self.active[k].is_open:  # type: ignore[union-attr]
                 del self.active[k]  # closed already: forgotten
@@ -220,9 +221,9 @@ class _Tree:
         elif name == "li":
             stop = _ends_list_scope
         else:
-            stop = _ends_scope
+            stop = ends_scope
         closed = self.close(names, stop)
-        if closed is not None and name in _FORMATTING and closed in self.active:
+        if closed is not None and name in FORMATTING and closed in self.active:
             self.active.remove(closed)
 
     def start_closes(self, name: str) -> None:
@@ -239,13 +240,13 @@ class _Tree:
             if top is not None and top.html and top.name == "option":
                 self.pop_to(len(self.stack) - 1)
         elif name == "button":
-            self.close(("button",), _ends_scope)
+            self.close(("button",), ends_scope)
         elif name == "input":  # ends an open select (in lexbor; <select> too, below)
-            self.close(("select",), _ends_scope)
+            self.close(("select",), ends_scope)
         elif name in ("a", "nobr"):
             if self.find_active(name) >= 0:
                 self.end_tag(name)  # lexbor's adoption agency closes the open one first
-        elif name in _TABLE_PARTS:
+        elif name in TABLE_PARTS:
             if name in ("td", "th", "tr") or name in _SECTIONS:
                 self.close(("td", "th"), _ends_table_scope)
             if name == "tr" or name in _SECTIONS:  # a row ends a row; a section, both
@@ -258,7 +259,7 @@ class _Tree:
         """Pop svg/math elements, as lexbor does before a tag that has no meaning there, down
         to HTML content or an integration point."""
         stack = self.stack
-        while stack and stack[-1].children != _HTML:
+        while stack and stack[-1].children != NS_HTML:
             self.pop_to(len(stack) - 1)
 
     def table_part(self, name: str) -> bool:
@@ -278,33 +279,33 @@ class _Tree:
                     self.pop_to(depth + 1)  # lexbor clears the stack back to it
                 break
         if top == "table" and name in ("tr", "td", "th"):
-            self.push(_Entry("tbody"))
+            self.push(Entry("tbody"))
             top = "tbody"
         if top in _SECTIONS and name in ("td", "th"):
-            self.push(_Entry("tr"))
+            self.push(Entry("tr"))
         if top == "table" and name == "col":
-            self.push(_Entry("colgroup"))
+            self.push(Entry("colgroup"))
         return True
 
-def _never(entry: _Entry) -> bool:
+def _never(entry: Entry) -> bool:
     return False
 
-def _is_special(entry: _Entry) -> bool:
+def _is_special(entry: Entry) -> bool:
     return entry.special
 
-def _ends_scope(entry: _Entry) -> bool:
+def ends_scope(entry: Entry) -> bool:
     return entry.scope
 
-def _ends_button_scope(entry: _Entry) -> bool:
+def _ends_button_scope(entry: Entry) -> bool:
     return entry.scope or (entry.html and entry.name == "button")
 
-def _ends_list_scope(entry: _Entry) -> bool:
+def _ends_list_scope(entry: Entry) -> bool:
     return entry.scope or (entry.html and entry.name in ("ol", "ul"))
 
-def _ends_table_scope(entry: _Entry) -> bool:
+def _ends_table_scope(entry: Entry) -> bool:
     return entry.html and entry.name in ("html", "table", "template")
 
-def _ends_item_search(entry: _Entry) -> bool:
+def _ends_item_search(entry: Entry) -> bool:
     """<li>, <dd>, <dt> look down for an open one past anything but special elements other
     than address, div and p."""
     return entry.special and not (entry.html and entry.name in ("address", "div", "p"))

@@ -25,20 +25,22 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from stream_dedup import __version__
 from stream_dedup.config import Settings
 from stream_dedup.core.canonical import kernels
 from stream_dedup.errors import IndexUnavailable, PageError
 from stream_dedup.index.namespaces import SELECTORS, Forget, NamespaceError, check_name, selector
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Page
-from stream_dedup.pipeline.deduplicator import Deduplicator
 from stream_dedup.sources.jsonl import page_from_json
+from stream_dedup.version import __version__
+
+if TYPE_CHECKING:
+    from stream_dedup.pipeline.deduplicator import Deduplicator
 
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 

@@ -301,3 +301,38 @@ class LocalIndex:
         start = self._next_local
         self._next_local += n
         return range(start, start + n)
+
+
+class ChainDocs:
+    """Records by handle: the page's own answer's, then each read namespace's."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[Docs]) -> None:
+        self.parts = parts
+
+    def __getitem__(self, handle: int) -> StoredDoc:
+        for docs in self.parts:
+            try:
+                return docs[handle]
+            except (KeyError, IndexError):
+                continue
+        raise KeyError(handle)
+
+
+def merge_answers(own: Answer, others: list[Answer], cap: int) -> Answer:
+    """The page's own answer with what read namespaces hold: the oldest exact match of
+    either, each key's most recent `cap` pages of both; URL version and prior its own."""
+    if not others:
+        return own
+    raws = [h for h in [own.raw, *(o.raw for o in others)] if h is not None]
+    canonicals = [h for h in [own.canonical, *(o.canonical for o in others)] if h is not None]
+    postings = []
+    for i, mine in enumerate(own.postings):
+        union = set(mine)
+        for o in others:
+            union.update(o.postings[i])
+        postings.append(sorted(union)[-cap:] if len(union) > len(mine) else mine)
+    return Answer(min(raws) if raws else None, min(canonicals) if canonicals else None,
+                  postings, ChainDocs([own.docs, *(o.docs for o in others)]), own.version,
+                  own.prior)

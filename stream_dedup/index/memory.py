@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from stream_dedup.core import native as _native  # None: numpy searches the runs
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index import runs
@@ -39,11 +40,6 @@ from stream_dedup.index.arena import DocArena
 from stream_dedup.index.base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
 from stream_dedup.index.local_forget import Timeline, selected_rows
 from stream_dedup.index.namespaces import Forget, salt, unpack_url
-
-try:
-    from stream_dedup.core import _native
-except ImportError:  # installed without a C compiler: numpy searches the runs
-    _native = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from stream_dedup.index.lsm import LsmIndex

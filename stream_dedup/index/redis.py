@@ -45,6 +45,7 @@ from typing import Any
 from stream_dedup.index.base import (
     WAIT,
     Answer,
+    ChainDocs,
     Claim,
     Plan,
     Probe,
@@ -53,12 +54,11 @@ from stream_dedup.index.base import (
     near_candidates,
     weak_candidates,
 )
-from stream_dedup.index.namespaces import ChainDocs
 from stream_dedup.index.redis_client import Observe, connect
 from stream_dedup.index.redis_forget import Lifecycle
 from stream_dedup.index.redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
 from stream_dedup.index.redis_lease import Leases
-from stream_dedup.index.redis_reads import _EMPTY
+from stream_dedup.index.redis_reads import NO_MEMBERS
 from stream_dedup.models import position_id
 
 log = logging.getLogger("stream_dedup.index")
@@ -160,7 +160,7 @@ class RedisIndex(Lifecycle):
                         [m for m, h in zip(refs, hit, strict=True) if h], by_ref, own)
         # From here on, pages by id (a ref whose page is gone names nothing)
         ids.update(own)
-        members = [[sorted({ids[r] for r in rs if r in ids}) if rs else _EMPTY for rs in sets]
+        members = [[sorted({ids[r] for r in rs if r in ids}) if rs else NO_MEMBERS for rs in sets]
                    for sets in refs]
         states = {ids[r]: state for r, state in by_ref.items() if r in ids}
         mine = {p.page_id for p in probes}
@@ -187,7 +187,7 @@ class RedisIndex(Lifecycle):
             kept = [[q for q in ids if states.get(q) == "K"] for ids in sets]
             # The URL's kept version: one (two only while a replaced one is being retired,
             # or if its retiring failed: then the newer)
-            versions = kept.pop() if urls else _EMPTY
+            versions = kept.pop() if urls else NO_MEMBERS
             raw = kept[0][0] if kept[0] else None
             canonical = kept[1][0] if exact == 2 and kept[1] else None
             postings = [ids[-self.cap:] for ids in kept[exact:]]

@@ -24,14 +24,19 @@ from redis.retry import Retry
 
 from stream_dedup.errors import ConfigError, IndexMismatchError, IndexUnavailable
 from stream_dedup.index.redis_layout import (
+    FEATURE_FIELD,
     FORMAT,
+    ID_BYTES,
     LISTPACK_ENTRIES,
     LISTPACK_VALUE,
     PAGES,
+    REF_BYTES,
     SHARDS,
     STAMP,
+    SWEEP_S,
 )
-from stream_dedup.index.redis_scripts import SCRIPTS
+from stream_dedup.index.redis_record_scripts import RECORD_SCRIPTS
+from stream_dedup.index.redis_scripts import SET_SCRIPTS
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -39,6 +44,20 @@ _CALL_KEYS = 2_000  # keys per script call at most (a call holds its node while 
 _NO_NODES: list[Any] = [None] * SHARDS  # a plain Redis: one node
 ANY = object()  # a script call's header for any node not named
 _SPARSE = {"join"}  # scripts that return (item, result, value) for some results only
+
+_CONSTANTS = {"SWEEP_S": SWEEP_S, "FEATURE_FIELD": FEATURE_FIELD, "ID_BYTES": ID_BYTES,
+              "REF_BYTES": REF_BYTES, "SHARDS": SHARDS}
+
+
+def source(src: str) -> str:
+    """A script's source with the layout's constants in it."""
+    for name, value in _CONSTANTS.items():
+        src = src.replace(name, str(value))
+    return src
+
+
+# every script the index runs, by name
+SCRIPTS = {name: source(src) for name, src in {**SET_SCRIPTS, **RECORD_SCRIPTS}.items()}
 
 
 def shard_of(key: bytes) -> int:

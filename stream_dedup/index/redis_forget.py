@@ -42,7 +42,7 @@ from stream_dedup.index.redis_layout import (
     doc_probe,
     skipped_bytes,
 )
-from stream_dedup.index.redis_reads import _READ_SLACK, SetRounds
+from stream_dedup.index.redis_reads import READ_SLACK, SetRounds
 
 RECORDS_A_CALL = 2_000  # KEEP pages a scan's script call reads, about (it holds its node)
 RETIRE_BATCH = 5_000  # pages retired a round trip
@@ -179,7 +179,7 @@ class Lifecycle(SetRounds):
         node = self._shard_nodes()[what.salted_url_key % SHARDS]
         with self._call("read"):
             refs = self._rounds(("read", [(node, key, (key,), 1)],
-                                 (self.cap + _READ_SLACK, _READ_SLACK)))[0][0]
+                                 (self.cap + READ_SLACK, READ_SLACK)))[0][0]
         seen = {int.from_bytes(r, "big"): 0 for r in refs}
         states, ids = self._peek(seen, flag=False, fresh=seen)
         kept = [ids[r] for r, state in states.items() if state == "K" and r in ids]

@@ -1,17 +1,16 @@
 """What every script of the Redis index starts with (its flag, local aliases, the common
-functions) and how a script's source gets the layout's constants (redis_scripts.py)."""
+functions). A script names the layout's constants (SHARDS, REF_BYTES, ...); the client puts
+their values in when it loads it (redis_client.py `source`)."""
 
 from __future__ import annotations
 
-from stream_dedup.index.redis_layout import FEATURE_FIELD, ID_BYTES, REF_BYTES, SHARDS, SWEEP_S
-
-_FLAGS = "#!lua flags=allow-cross-slot-keys\n"
+FLAGS = "#!lua flags=allow-cross-slot-keys\n"
 # (a local is found faster than a global's field)
-_ALIASES = """
+ALIASES = """
 local call, find, sub, byte, char = redis.call, string.find, string.sub, string.byte, string.char
 """
 
-_COMMON = _ALIASES + """
+COMMON = ALIASES + """
 local t = call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local nows = tonumber(t[1])
@@ -40,12 +39,3 @@ local function expire(bucket, at)  -- a bucket lives as long as its newest entry
 end
 local swept = {}
 """
-
-_CONSTANTS = {"SWEEP_S": SWEEP_S, "FEATURE_FIELD": FEATURE_FIELD, "ID_BYTES": ID_BYTES,
-              "REF_BYTES": REF_BYTES, "SHARDS": SHARDS}
-
-
-def source(src: str) -> str:
-    for name, value in _CONSTANTS.items():
-        src = src.replace(name, str(value))
-    return src

@@ -55,13 +55,13 @@ class RecordRounds(ScriptClient):
         return max((page_id >> 56) // 1000 + self.retention_s, now + min(3600, self.retention_s))
 
     def _know(self, page_id: int, ref: bytes) -> None:
-        _remember(self._refs, page_id, ref, CACHED_REFS)
+        remember(self._refs, page_id, ref, CACHED_REFS)
 
     def _finally(self, page_id: int, state: str, ref: bytes | None = None) -> None:
         """Remember a page's final state (if its ref is known)."""
         ref = ref or self._refs.get(page_id)
         if ref is not None:
-            _remember(self._final, int.from_bytes(ref, "big"), (state, page_id),
+            remember(self._final, int.from_bytes(ref, "big"), (state, page_id),
                       CACHED_STATES)
 
     def _docs(self, handles: list[int]) -> dict[int, StoredDoc]:
@@ -86,7 +86,7 @@ class RecordRounds(ScriptClient):
                     self._final.pop(int.from_bytes(ref, "big"), None)
             else:
                 docs[h] = decode_doc(raw, h)
-                _remember(self._records, h, docs[h], CACHED_RECORDS)
+                remember(self._records, h, docs[h], CACHED_RECORDS)
         return docs
 
     def _write_docs(self, claims: Sequence[Claim], which: list[int]) -> None:
@@ -101,7 +101,7 @@ class RecordRounds(ScriptClient):
                 at = self.expire_at(c.probe.page_id)
                 pipe.set(self.layout.doc_key(c.probe.page_id), encode_doc(c.doc),
                          exat=at or None)
-                _remember(self._unkept, c.probe.page_id, None, UNKEPT_HELD)
+                remember(self._unkept, c.probe.page_id, None, UNKEPT_HELD)
 
         self._on_records(write)
 
@@ -230,7 +230,7 @@ def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
-def _remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
+def remember(cache: OrderedDict[int, Any], key: int, value: Any, limit: int) -> None:
     cache[key] = value
     if len(cache) > limit:
         cache.popitem(last=False)

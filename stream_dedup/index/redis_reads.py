@@ -15,10 +15,10 @@ from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.base import Probe
 from stream_dedup.index.redis_client import ANY, shard_of
 from stream_dedup.index.redis_layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
-from stream_dedup.index.redis_pages import CACHED_STATES, RecordRounds, _remember
+from stream_dedup.index.redis_pages import CACHED_STATES, RecordRounds, remember
 
-_READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
-_EMPTY: list[int] = []
+READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
+NO_MEMBERS: list[int] = []
 
 
 class SetRounds(RecordRounds):
@@ -46,7 +46,7 @@ class SetRounds(RecordRounds):
         out: list[list[list[int]]] = []
         hit = [joined is None] * len(probes)
         for p, page_keys, page_shards, prior in zip(probes, keys, shards, priors, strict=True):
-            sets: list[list[int]] = [_EMPTY] * len(page_keys)
+            sets: list[list[int]] = [NO_MEMBERS] * len(page_keys)
             out.append(sets)
             if prior is not None:
                 continue
@@ -68,15 +68,15 @@ class SetRounds(RecordRounds):
                 items.append((node, page_keys[ks[0]], args, len(ks)))
                 order.append((sets, ks, len(out) - 1))
         if joined is None:
-            header: Any = (self.cap + _READ_SLACK, _READ_SLACK)
+            header: Any = (self.cap + READ_SLACK, READ_SLACK)
         else:  # keys more than one page of the batch joins, per node
             extra: dict[Any, list[Any]] = {}
             for key, n in joined.items():
                 if n != 1:
                     extra.setdefault(nodes[shard_of(key)], []).extend((key, n))
-            header = {node: (self.cap + _READ_SLACK, _READ_SLACK, len(kv) // 2, *kv)
+            header = {node: (self.cap + READ_SLACK, READ_SLACK, len(kv) // 2, *kv)
                       for node, kv in extra.items()}
-            header[ANY] = (self.cap + _READ_SLACK, _READ_SLACK, 0)
+            header[ANY] = (self.cap + READ_SLACK, READ_SLACK, 0)
         if joined is None:
             with self._call("read"):
                 replies = iter(self._rounds(("read", items, header))[0])
@@ -119,7 +119,7 @@ class SetRounds(RecordRounds):
                 q = ids[r] = int.from_bytes(page, "big")
                 self._know(q, r.to_bytes(REF_BYTES, "big"))
                 if state in ("K", "D", "R"):
-                    _remember(self._final, r, (state, q), CACHED_STATES)
+                    remember(self._final, r, (state, q), CACHED_STATES)
         return states, ids
 
     def _wait(self, waiting: set[int]) -> None:

@@ -3,7 +3,7 @@ records (redis_scripts.py has the ones on set buckets and says how every script 
 
 from __future__ import annotations
 
-from stream_dedup.index.redis_lua import _ALIASES, _COMMON, _FLAGS
+from stream_dedup.index.redis_lua import ALIASES, COMMON, FLAGS
 
 # A record bucket is a hash; field: a page id; value: state ('P', 'K', 'D' or 'R'), its
 # expiry (4 bytes), its ref (REF_BYTES), then for P the lease's end (ms, decimal) and 'f' if
@@ -48,7 +48,7 @@ end
 # given, and the ref's entry in its bucket); PENDING (an attempt that did not finish):
 # PENDING again with a new lease, its ref the same (its entries may be in sets). Returns per
 # key the state found, the decision if it is final, and the ref.
-_REGISTER = _FLAGS + _COMMON + _RECORD + """
+REGISTER = FLAGS + COMMON + _RECORD + """
 local lease, buckets = tostring(now + tonumber(ARGV[1])), tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV, 2 do
@@ -58,7 +58,7 @@ for i = 3, #ARGV, 2 do
   local s = v and sub(v, 1, 1) or ''
   if s == 'K' or s == 'D' or s == 'R' then
     local decision = sub(v, REF_BYTES + 6)
-    if decision == '>' then  -- in a key of its own (_FINISH)
+    if decision == '>' then  -- in a key of its own (FINISH)
       decision = call('GET', sub(bucket, 1, find(bucket, '}', 1, true))
                             .. 'V' .. field)
     end
@@ -97,7 +97,7 @@ return out
 # per ref its id and state: "K", "D", "R", "P" (pending within its lease), "X" (pending past
 # its lease: its instance died) or "" (absent: gone, or its record not written yet though
 # its keys are; then no id either, if its ref is gone).
-_PEEK = _FLAGS + _COMMON + _RECORD + """
+PEEK = FLAGS + COMMON + _RECORD + """
 local out, buckets = {}, tonumber(ARGV[1])
 for i = 2, #ARGV, 2 do
   local refs, ref = split(ARGV[i])
@@ -130,7 +130,7 @@ return out
 # is written in the same call, on the same node (same hash tag); so is a decision that
 # would make the record longer (most drops'), in a key of its own, the record saying '>'.
 # Returns per key "ok", "flagged", "late" or the state found.
-_FINISH = _FLAGS + _COMMON + _RECORD + """
+FINISH = FLAGS + COMMON + _RECORD + """
 local out, longest = {}, tonumber(ARGV[1])
 for i = 2, #ARGV, 4 do
   local key = ARGV[i]
@@ -171,7 +171,7 @@ return out
 # stays, for re-deliveries), and the verification record in the index's Redis goes in the
 # same call (same hash tag). Returns per key "ok", or the state found (R: done before), and
 # its ref (false: no record).
-_RETIRE = _FLAGS + _COMMON + _RECORD + """
+RETIRE = FLAGS + COMMON + _RECORD + """
 local out = {}
 for i = 1, #ARGV do
   local key = ARGV[i]
@@ -195,7 +195,7 @@ return out
 # it must register and read again before its claim can hold). Released (a batch given up,
 # the instance leaving): a PENDING record's lease ends now, so others read it as past its
 # lease at once and its own claim fails. The flag stays. Returns per key 1 (changed) or 0.
-_LEASE = _FLAGS + _COMMON + _RECORD + """
+LEASE = FLAGS + COMMON + _RECORD + """
 local ms, out = tonumber(ARGV[1]), {}
 local lease = ms == 0 and '0' or tostring(now + ms)
 for i = 2, #ARGV do
@@ -213,7 +213,7 @@ return out
 """
 
 # Records; the verification record of each (false: gone).
-_RECORDS = _FLAGS + _ALIASES + """
+RECORDS = FLAGS + ALIASES + """
 local out = {}
 for i = 1, #ARGV do
   local key = ARGV[i]
@@ -227,7 +227,7 @@ return out
 # records are in this Redis (else ''), then record buckets. Returns per bucket a list of its
 # KEEP pages: the id, then (with records here) the record without its sketch, signature and
 # shingle set (its head, then from its features on: redis_layout.decode_light; false: none).
-_HELD = _FLAGS + _COMMON + _RECORD + """
+HELD = FLAGS + COMMON + _RECORD + """
 local function le(s, p, n)
   local v = 0
   for i = p + n - 1, p, -1 do v = v * 256 + byte(s, i) end
@@ -255,3 +255,7 @@ for i = 2, #ARGV do
 end
 return out
 """
+
+RECORD_SCRIPTS = {
+    "register": REGISTER, "peek": PEEK, "finish": FINISH, "retire": RETIRE,
+    "records": RECORDS, "lease": LEASE, "held": HELD}

@@ -11,16 +11,7 @@ the batch is tried again once the client knows the new owner).
 
 from __future__ import annotations
 
-from stream_dedup.index.redis_lua import _COMMON, _FLAGS, source
-from stream_dedup.index.redis_record_scripts import (
-    _FINISH,
-    _HELD,
-    _LEASE,
-    _PEEK,
-    _RECORDS,
-    _REGISTER,
-    _RETIRE,
-)
+from stream_dedup.index.redis_lua import COMMON, FLAGS
 
 # A set bucket is a string: 'n', then entries of <field><ref>, or 'e' and when it is swept
 # next (4 bytes, epoch s), then entries of <field><ref><expiry (4 bytes, epoch s, 0: never)>
@@ -124,7 +115,7 @@ end
 # holds members other than the call's own (its pages'), the page's number in the call, the
 # key's number among the page's keys (both from 1), and the members read, the call's own
 # among them; nothing for the other keys (most: new keys).
-_JOIN = _FLAGS + _COMMON + _SETS + """
+_JOIN = FLAGS + COMMON + _SETS + """
 local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
 local mine, i = {}, 4
 for _ = 1, tonumber(ARGV[3]) do
@@ -209,7 +200,7 @@ return out
 
 # Sets. ARGV: how many members to read of a feature (its newest) and of an exact layer
 # (its oldest, as _JOIN), then the keys. Returns per key the members read.
-_READ = _FLAGS + _COMMON + _SETS + """
+_READ = FLAGS + COMMON + _SETS + """
 local nf, nx = tonumber(ARGV[1]), tonumber(ARGV[2])
 local out = {}
 for i = 3, #ARGV do
@@ -227,7 +218,7 @@ return out
 """
 
 # Sets; per member that leaves (a dropped page): the member, how many keys follow, the keys.
-_LEAVE = _FLAGS + _COMMON + _SETS + """
+_LEAVE = FLAGS + COMMON + _SETS + """
 local i = 1
 while i <= #ARGV do
   local m, last = ARGV[i], i + 1 + tonumber(ARGV[i + 1])
@@ -255,7 +246,7 @@ return 0
 # Sets; per bucket: the bucket, how many entries follow, the entries (field and ref) to cut
 # out of it, in one write (forgotten pages leave their keys a bucket at a time: many of them
 # share one).
-_CUT = _FLAGS + _COMMON + _SETS + """
+_CUT = FLAGS + COMMON + _SETS + """
 local i = 1
 while i <= #ARGV do
   local bucket, n = ARGV[i], tonumber(ARGV[i + 1])
@@ -283,7 +274,6 @@ end
 return 0
 """
 
-SCRIPTS = {name: source(src) for name, src in {
-    "join": _JOIN, "read": _READ, "leave": _LEAVE, "register": _REGISTER, "peek": _PEEK,
-    "finish": _FINISH, "retire": _RETIRE, "records": _RECORDS, "lease": _LEASE,
-    "held": _HELD, "cut": _CUT}.items()}
+# the scripts on set buckets (the record scripts: redis_record_scripts.py)
+SET_SCRIPTS = {
+    "join": _JOIN, "read": _READ, "leave": _LEAVE, "cut": _CUT}

@@ -23,7 +23,7 @@ Layout (Kafka's DefaultRecordBatch; all integers big-endian, varints zigzag-enco
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 BATCH_HEADER = 61  # bytes before the first record
@@ -119,3 +119,20 @@ def _bytes(buf: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
     if pos + n > end:
         raise BatchFormatError(f"a field of {n} bytes runs past its record")
     return buf[pos:pos + n], pos + n
+
+
+KafkaHeaders = Sequence[tuple[str, bytes]]  # a record's headers, as aiokafka gives them
+
+
+def source_of(topic: str, partition: int, offset: int) -> str:
+    return f"{topic}/{partition}/{offset}"
+
+
+def is_utf8(name: str) -> bool:
+    if name.isascii():
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # surrogate-escaped bytes of a key that was not UTF-8
+        return False
+    return True

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from stream_dedup.kafka.messages import KafkaHeaders, is_utf8, source_of
+from stream_dedup.kafka.batches import KafkaHeaders, is_utf8, source_of
 from stream_dedup.models import Decision, DuplicateOf, Rejected
 
 CLIP = 1024  # characters kept of a long URL, key or error in a reduced message

@@ -63,7 +63,7 @@ from stream_dedup.config import FieldPath, Settings, carry_names, json_field_map
 from stream_dedup.core.decode import decode_html, lookup_label
 from stream_dedup.errors import PageError
 from stream_dedup.models import Carried, Page, Rejected
-from stream_dedup.sources.jsonl import _b64, _short, check_url, json_object, page_from_object
+from stream_dedup.sources.jsonl import check_url, decode_b64, json_object, page_from_object, shorten
 from stream_dedup.sources.namespace_field import field_at as _at
 from stream_dedup.sources.namespace_field import namespace_in, namespace_in_headers
 
@@ -156,14 +156,14 @@ class Dialect:
         url = self._get(obj, "url")
         if not isinstance(url, str) or not url.strip():
             raise PageError("no-url", f"the URL, {self._named('url')!r}, must be a non-empty "
-                                      f"string, got {_short(url)}")
+                                      f"string, got {shorten(url)}")
         check_url(url)
         headers = self._headers(self._get(obj, "headers"))
         encoding = self._get(obj, "encoding")
         codec = self._codec(encoding)
         b64 = self._get(obj, "body_b64")
         if b64 is not None:
-            body = _b64(b64)
+            body = decode_b64(b64)
             if codec is not None and encoding is not None:
                 headers = _content_type(headers, codec)
         else:
@@ -173,7 +173,7 @@ class Dialect:
                                            f"({self._named('html')!r} is missing or null)")
             if not isinstance(html, str):
                 raise PageError("bad-body", f"the body, {self._named('html')!r}, must be a "
-                                            f"string, got {_short(html)}")
+                                            f"string, got {shorten(html)}")
             body, codec = _encoded(html, codec or "utf-8")
             headers = _content_type(headers, codec)
         return Page(url, body, headers, self._time(obj), self._status(obj), source, position,
@@ -186,14 +186,14 @@ class Dialect:
             return None
         if not isinstance(encoding, str):
             raise PageError("unknown-encoding", f"{self._named('encoding')!r} must be a "
-                                                f"charset name, got {_short(encoding)}")
+                                                f"charset name, got {shorten(encoding)}")
         codec = lookup_label(encoding)
         if codec is None:
             try:
                 codecs.lookup(encoding)
             except LookupError:
                 raise PageError("unknown-encoding", f"{self._named('encoding')!r}: no such "
-                                                    f"charset: {_short(encoding)}") from None
+                                                    f"charset: {shorten(encoding)}") from None
         return codec
 
     def _headers(self, value: Any) -> tuple[tuple[str, str], ...]:
@@ -219,12 +219,12 @@ class Dialect:
                 out.append((pair[0], pair[1]))
         else:
             raise PageError("bad-headers", f"{self._named('headers')!r} must be an object or "
-                                           f"a list, got {_short(value)}")
+                                           f"a list, got {shorten(value)}")
         return tuple(out)
 
     def _bad_header(self, got: Any) -> PageError:
         return PageError("bad-headers", f"{self._named('headers')!r}: a header must be a "
-                                        f"name and string values, got {_short(got)}")
+                                        f"name and string values, got {shorten(got)}")
 
     def _status(self, obj: dict[str, Any]) -> int | None:
         status = self._get(obj, "status")
@@ -236,7 +236,7 @@ class Dialect:
                 and status.strip().isdigit()):
             return int(status)
         raise PageError("bad-status", f"{self._named('status')!r} must be an HTTP status code "
-                                      f"(100-999), got {_short(status)}")
+                                      f"(100-999), got {shorten(status)}")
 
     def _time(self, obj: dict[str, Any]) -> str | None:
         when = self._get(obj, "fetched_at")
@@ -249,7 +249,7 @@ class Dialect:
                 return text.replace("+00:00", "Z")
         raise PageError("bad-timestamp", f"{self._named('fetched_at')!r} must be an ISO-8601 "
                                          f"string or seconds (or milliseconds) since 1970, got "
-                                         f"{_short(when)}")
+                                         f"{shorten(when)}")
 
     # --- carried fields ---------------------------------------------------------------
     def _carried(self, obj: dict[str, Any]) -> tuple[Carried, str | None]:

@@ -49,6 +49,7 @@ from aiokafka.errors import (
 from stream_dedup.config import Settings
 from stream_dedup.errors import KafkaDeliveryError
 from stream_dedup.index.base import FeatureIndex
+from stream_dedup.kafka.batches import source_of
 from stream_dedup.kafka.client import (
     MAX_BACKOFF_S,
     is_retriable,
@@ -59,12 +60,11 @@ from stream_dedup.kafka.client import (
 )
 from stream_dedup.kafka.decisions import Message, Topics, as_record, messages_for
 from stream_dedup.kafka.dialects import dialect_for
-from stream_dedup.kafka.messages import page_from_message, source_of
+from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.kafka.topics import Limits
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected, position_id
-from stream_dedup.runner.edges import Batch
-from stream_dedup.runner.loop import STOP_GRACE_S, Abandoned, pause
+from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, Batch, pause
 
 log = logging.getLogger("stream_dedup.kafka")
 
@@ -76,7 +76,7 @@ REBALANCED = (CommitFailedError, IllegalStateError, RebalanceInProgressError,
 TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 
 
-def _names(partitions: Sequence[TopicPartition]) -> list[str]:
+def partition_names(partitions: Sequence[TopicPartition]) -> list[str]:
     return sorted(f"{tp.topic}/{tp.partition}" for tp in partitions)
 
 
@@ -85,21 +85,21 @@ def _partition(stream: str) -> TopicPartition:
     return TopicPartition(topic, int(partition))
 
 
-def _batch(records: list[ConsumerRecord], received: float | None = None) -> Batch:
+def batch_of(records: list[ConsumerRecord], received: float | None = None) -> Batch:
     return Batch.of(((f"{r.topic}/{r.partition}", r.offset, r) for r in records), received)
 
 
-class _FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
+class FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, source: KafkaSource) -> None:
         self._source = source
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._source.lock:  # the batch in flight is delivered and committed first
-            log.info("partitions revoked: %s", _names(revoked))
+            log.info("partitions revoked: %s", partition_names(revoked))
             self._source.metrics.forget_partitions((tp.topic, tp.partition) for tp in revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
-        log.info("partitions assigned: %s", _names(assigned))
+        log.info("partitions assigned: %s", partition_names(assigned))
         source = self._source
         source.adopt_plan(assigned)
         stored = source.index.offsets()
@@ -123,7 +123,7 @@ class KafkaSource:
         self.index = index
         self.metrics = metrics
         self.lock = asyncio.Lock()
-        self.listener = _FinishBeforeRevoke(self)
+        self.listener = FinishBeforeRevoke(self)
         self.dialect = dialect_for(settings)  # None: the plain json / html reading
         self._fetch_delay = 0.5
         # Re-forming the batch that was in flight when a persistent index last stopped:
@@ -170,7 +170,7 @@ class KafkaSource:
         self._fetch_delay = 0.5
         received = time.time()
         await self._observe_lag()
-        return _batch([r for records in fetched.values() for r in records], received)
+        return batch_of([r for records in fetched.values() for r in records], received)
 
     async def _next(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         if self._carry:
@@ -211,7 +211,7 @@ class KafkaSource:
             return batch
         log.info("abandoned %d records of revoked partitions (not committed)",
                  len(batch.records) - len(kept))
-        return _batch(kept, batch.received)
+        return batch_of(kept, batch.received)
 
     def item(self, record: Any) -> Page | Rejected:
         return page_from_message(

@@ -21,21 +21,14 @@ code all become a Rejected whose raw bytes go to the dead-letter topic.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 from stream_dedup.errors import PageError
-from stream_dedup.kafka.batches import raw_header_key
+from stream_dedup.kafka.batches import KafkaHeaders, is_utf8, raw_header_key
 from stream_dedup.kafka.dialects import Dialect, too_large_error
 from stream_dedup.kafka.warc_message import page_from_warc
 from stream_dedup.models import Carried, Page, Rejected, Skipped
 from stream_dedup.sources.jsonl import page_from_json
-
-KafkaHeaders = Sequence[tuple[str, bytes]]
-
-
-def source_of(topic: str, partition: int, offset: int) -> str:
-    return f"{topic}/{partition}/{offset}"
 
 
 def page_from_message(
@@ -108,18 +101,6 @@ def page_from_message(
 
 def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
-
-
-def is_utf8(name: str) -> bool:
-    if name.isascii():
-        return True
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:  # surrogate-escaped bytes of a key that was not UTF-8
-        return False
-    return True
-
-
 def _status(text: str | None) -> int | None:
     """An HTTP status code: three ASCII digits ("²".isdigit() is true, int("²") fails)."""
     if not text:

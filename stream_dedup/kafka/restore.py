@@ -31,7 +31,7 @@ from stream_dedup.kafka import changelog
 from stream_dedup.kafka.client import consumer_kwargs, retry, stop_within
 from stream_dedup.metrics import Metrics
 from stream_dedup.pipeline.deduplicator import Deduplicator
-from stream_dedup.runner.loop import STOP_GRACE_S, Abandoned, within_grace
+from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, within_grace
 
 log = logging.getLogger("stream_dedup.kafka")
 

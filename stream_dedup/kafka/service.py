@@ -47,10 +47,10 @@ from stream_dedup.kafka.transactions import (
 )
 from stream_dedup.metrics import Metrics
 from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
-from stream_dedup.runner.edges import Faults
-from stream_dedup.runner.loop import Abandoned, Runner, RunStats, pause, within_grace
+from stream_dedup.runner.edges import Abandoned, Faults, pause, within_grace
+from stream_dedup.runner.loop import Runner, RunStats
 from stream_dedup.runner.signals import SIGNALS
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 
 log = logging.getLogger("stream_dedup.service")
 

@@ -66,11 +66,16 @@ from stream_dedup.kafka.client import (
     send_now,
     stop_within,
 )
-from stream_dedup.kafka.edges import KafkaSink, KafkaSource, _batch, _FinishBeforeRevoke, _names
+from stream_dedup.kafka.edges import (
+    FinishBeforeRevoke,
+    KafkaSink,
+    KafkaSource,
+    batch_of,
+    partition_names,
+)
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected
-from stream_dedup.runner.edges import Batch, Faults
-from stream_dedup.runner.loop import STOP_GRACE_S, Abandoned, within_grace
+from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, Batch, Faults, within_grace
 
 log = logging.getLogger("stream_dedup.kafka")
 
@@ -132,7 +137,7 @@ class Producers:
         await asyncio.gather(*(stop_within(p, STOP_GRACE_S) for p in closing))
 
 
-class _FenceThenResume(_FinishBeforeRevoke):
+class _FenceThenResume(FinishBeforeRevoke):
     """Revoked: the batch in flight is committed first, then the partition's producer goes.
     Assigned: the partition's producer starts first (fencing an earlier owner, completing
     its last transaction), then the consumer resumes at the committed offset, read again."""
@@ -153,7 +158,7 @@ class _FenceThenResume(_FinishBeforeRevoke):
         # are resumed by the runner's next fetch, once the index has read the changelog.
         source.consumer.pause(*assigned)
         source.generation += 1
-        log.info("partitions assigned: %s", _names(assigned))
+        log.info("partitions assigned: %s", partition_names(assigned))
         try:
             await source.producers.open(assigned, source.stop)
             for tp in assigned:
@@ -232,7 +237,7 @@ class TransactionalSource(KafkaSource):
                     by_partition.setdefault(stream, []).append(r)
                     self.expected[stream] = r.offset + 1
             for records in by_partition.values():
-                batch = _batch(records, fetched.received)
+                batch = batch_of(records, fetched.received)
                 batch.plan = []  # the group's committed offset is where a restart resumes
                 self._queue.append((self.generation, batch))
         if not self._queue:

@@ -34,7 +34,7 @@ from stream_dedup.config import Settings
 from stream_dedup.core.canonical import canonicalize, kernels
 from stream_dedup.core.sketch import Sketcher
 from stream_dedup.core.tokens import Tokens, adopt_tables, tables
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import PageError
 from stream_dedup.models import Page
 from stream_dedup.workers.pool import WorkerPool, can_fork, start_forkserver

@@ -26,7 +26,8 @@ from typing import Any
 
 from stream_dedup.config import Settings
 from stream_dedup.core.urls import UrlKeys
-from stream_dedup.decide.step import Analysis, decide_batch
+from stream_dedup.decide.step import decide_batch
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
 from stream_dedup.index.base import Change, FeatureIndex, Plan
@@ -40,13 +41,13 @@ from stream_dedup.pipeline.analysis import (
 )
 from stream_dedup.pipeline.memo import Memo, analyse_batch
 from stream_dedup.pipeline.observe import (
-    _NOT_RUN,
+    NOT_RUN,
     NullObserver,
     Observer,
     StageTimes,
     verify_outcome,
 )
-from stream_dedup.pipeline.rounds import _probe, ask, decide_in_rounds
+from stream_dedup.pipeline.rounds import ask, decide_in_rounds, page_probe
 
 log = logging.getLogger("stream_dedup")
 __all__ = ["AnalysisPool", "Analyzer", "Deduplicator", "NullObserver", "Observer",
@@ -140,7 +141,7 @@ class Deduplicator:
                                 source=page.source)
             key = self.url_key(page)
             ns = self.namespace_of(page)
-            answers = ask(self, [a], [_probe(a, 0, key, ns)], [ns], register=False)
+            answers = ask(self, [a], [page_probe(a, 0, key, ns)], [ns], register=False)
             verdict = decide_batch([a], [0], answers, self.settings, keep_ids=False,
                                    url_keys=[key])[0]
             assert verdict.decision is not None, "a fully analysed page is always decided"
@@ -178,7 +179,7 @@ class Deduplicator:
         if pool is not None:
             self._check_pool(pool)
         out: list[Decision | None] = [None] * len(items)
-        times: list[StageTimes] = [_NOT_RUN] * len(items)
+        times: list[StageTimes] = [NOT_RUN] * len(items)
         fresh = [True] * len(items)  # False: delivered again, answered as before
         pages: list[tuple[int, Page]] = []
         fps: list[int] = []
@@ -334,7 +335,7 @@ class Deduplicator:
                 self.journal = []
 
     def reject(self, item: Rejected) -> Decision:
-        return self._reject(item, len(item.raw or b""), _NOT_RUN)
+        return self._reject(item, len(item.raw or b""), NOT_RUN)
 
     def snapshot(self) -> dict[str, Any]:
         """The running totals, copied consistently (for /v1/stats); `index_pages` None

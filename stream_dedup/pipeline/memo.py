@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.models import Page
 from stream_dedup.pipeline.analysis import AnalysisPool, Analyzer
 

@@ -18,7 +18,7 @@ class StageTimes(NamedTuple):
     verify_s: float = 0.0
 
 
-_NOT_RUN = StageTimes()
+NOT_RUN = StageTimes()
 
 
 class Observer(Protocol):

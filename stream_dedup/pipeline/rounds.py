@@ -17,10 +17,11 @@ from dataclasses import replace
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from stream_dedup.decide.step import Analysis, decide_batch
+from stream_dedup.decide.step import decide_batch
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
-from stream_dedup.index.base import WAIT, Answer, Change, Claim, FeatureIndex, Probe
-from stream_dedup.index.namespaces import merge_answers, salted_doc, salted_probe
+from stream_dedup.index.base import WAIT, Answer, Change, Claim, FeatureIndex, Probe, merge_answers
+from stream_dedup.index.namespaces import salted_doc, salted_probe
 from stream_dedup.models import Decision, Page
 from stream_dedup.pipeline.observe import StageTimes
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 MAX_ROUNDS = 50
 
 
-def _probe(a: Analysis, page_id: int, url_key: int, namespace: str = "") -> Probe:
+def page_probe(a: Analysis, page_id: int, url_key: int, namespace: str = "") -> Probe:
     """What a page asks the index, in its namespace: exact layers only unless it has
     features."""
     canonical = a.canonical_fp if a.text_length > 0 else None
@@ -53,7 +54,7 @@ def ask(dd: Deduplicator, analyses: list[Analysis], probes: list[Probe], spaces:
         which = [k for k, ns in enumerate(spaces) if ns != name]
         if not which:
             continue
-        got = dd.index.lookup([_probe(analyses[k], probes[k].page_id, 0, name)
+        got = dd.index.lookup([page_probe(analyses[k], probes[k].page_id, 0, name)
                                for k in which], register=False)
         for k, answer in zip(which, got, strict=True):
             others[k].append(answer)
@@ -88,7 +89,7 @@ def decide_in_rounds(dd: Deduplicator, pages: list[tuple[int, Page]], ids: list[
     records: list[int] = []
     while todo:
         started = perf_counter()
-        probes = {k: _probe(analyses[k], ids[k], keys[k], spaces[k]) for k in todo}
+        probes = {k: page_probe(analyses[k], ids[k], keys[k], spaces[k]) for k in todo}
         answers = ask(dd, [analyses[k] for k in todo], list(probes.values()),
                       [spaces[k] for k in todo], records=records)
         live = []

@@ -50,7 +50,8 @@ from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.archive_record import GZIP_MAGIC, ArchiveFormat, Frame
 from stream_dedup.sources.fastwarc_reader import from_fastwarc, starts_record
 from stream_dedup.sources.lenient import arc_header, lenient_items
-from stream_dedup.sources.warc import SourceStats, archive_format, convert_records, read_head
+from stream_dedup.sources.stats import SourceStats
+from stream_dedup.sources.warc import archive_format, convert_records, read_head
 
 # What a cut is checked with: the start of the data after it (gunzipped from at most so
 # many bytes of the file), which must be a whole record header line (WARC: and a

@@ -7,11 +7,12 @@ commit, retention) -> FileSink (one decision per input page, in input order; dea
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -23,9 +24,11 @@ from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision
 from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
 from stream_dedup.replay.units import UnitSource
+from stream_dedup.runner.edges import Batch, PageRecords
 from stream_dedup.runner.loop import Runner
 from stream_dedup.sinks.files import FileSink, Writer
-from stream_dedup.sources.files import FileSource
+from stream_dedup.sources.files import iter_inputs
+from stream_dedup.sources.stats import SourceStats
 from stream_dedup.workers.cpus import allowed, pinned, placement
 
 log = logging.getLogger("stream_dedup")
@@ -222,3 +225,25 @@ def _input_bytes(paths: Sequence[str | Path]) -> int:
         except OSError:
             pass  # the source reports it
     return total
+
+
+class FileSource(PageRecords):
+    """The pages of `paths`, in order, in batches. A file is read once: nothing comes again
+    (the same page twice is a duplicate, not a redelivery) and there is nothing to commit;
+    archived fetch times are history, so latency counts from reading."""
+
+    redelivers = False
+    live = False
+    reads_ahead = True
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]],
+                 stats: SourceStats | None = None, *, namespace_field: str = "") -> None:
+        self.stats = stats if stats is not None else SourceStats()
+        self._items = iter_inputs(paths, self.stats, namespace_field)
+
+    async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
+        records = list(itertools.islice(self._items, max_records))
+        return Batch(records) if records else None
+
+    async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
+        pass

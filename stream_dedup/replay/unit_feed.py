@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from stream_dedup.replay.unit_memo import UnitMemo
 from stream_dedup.replay.unit_plan import Unit
-from stream_dedup.replay.unit_read import Packed, UnitResult, _worker_read
+from stream_dedup.replay.unit_read import Packed, UnitResult, worker_read
 from stream_dedup.workers.pool import POLL_S
 
 if TYPE_CHECKING:
@@ -39,12 +39,12 @@ QUEUED_PER_PROCESS = 6
 QUEUED_BYTES_PER_PROCESS = 32 << 20
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """The replay is stopping: the unit being read or waited for is left unfinished."""
 
 
 @dataclass(slots=True)
-class _Slot:
+class Slot:
     unit: Unit | None  # None: `result` was ready when planned (an unreadable input)
     task: tuple[WorkerPool, Future[Packed]] | None = None
     result: UnitResult | Packed | None = None  # a worker's is unpacked when due
@@ -65,7 +65,7 @@ class WorkerFeed:
     pool: AnalysisPool | None
     units_there: int  # units collected from the workers (tests, logs)
     restarts: int
-    _slots: deque[_Slot]
+    _slots: deque[Slot]
     _shared: UnitMemo
     _planned_all: bool
     _stop: asyncio.Event | None
@@ -95,7 +95,7 @@ class WorkerFeed:
             if slot.free:
                 assert slot.unit is not None
                 try:
-                    slot.task = executor, executor.submit(_worker_read, slot.unit)
+                    slot.task = executor, executor.submit(worker_read, slot.unit)
                 except (BrokenProcessPool, RuntimeError):  # broke, or shut down meanwhile
                     self._lost(executor)
                     return
@@ -105,7 +105,7 @@ class WorkerFeed:
                 running += 1
                 queued += slot.unit.size
 
-    def _held(self) -> list[_Slot]:
+    def _held(self) -> list[Slot]:
         """The units the workers hold: sent and not back. (One back but not collected yet
         is not held: the thread that collects it may be reading a unit here meanwhile, and
         the workers would wait for it.)"""
@@ -140,7 +140,7 @@ class WorkerFeed:
         `--workers 2` on the synthetic crawl against feeding after every 16th, 6 rounds);
         stop if the replay stops."""
         if self._stopping():
-            raise _Stopped
+            raise Stopped
         if self._fed != (self._backs, self.pool.executor() if self.pool is not None else None):
             self._feed()
 

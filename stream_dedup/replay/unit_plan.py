@@ -14,7 +14,8 @@ from pathlib import Path
 from stream_dedup.models import Rejected
 from stream_dedup.replay.parts import plan_parts
 from stream_dedup.sources.files import Input, plan_inputs
-from stream_dedup.sources.warc import ArchiveFormat, SourceStats
+from stream_dedup.sources.stats import SourceStats
+from stream_dedup.sources.warc import ArchiveFormat
 
 # A plain JSONL file is cut into ranges of about this many bytes (at line ends), an archive
 # into parts of about as many (at records): small enough that the two ends of a replay
@@ -57,7 +58,7 @@ def plan_units(paths: Iterable[str | os.PathLike[str]], stats: SourceStats,
 def _archive_units(planned: Input, stats: SourceStats, unit_bytes: int) -> Iterator[Unit]:
     """An archive whole, or in parts of about `unit_bytes` (parts.py); a part that starts
     the file does not count it (the file is counted here)."""
-    whole = Unit(planned.path, planned.name, "archive", size=_size(planned.path))
+    whole = Unit(planned.path, planned.name, "archive", size=file_size(planned.path))
     try:
         fmt, cuts = plan_parts(planned.path, unit_bytes, stats.unsplit)
         cut = next(cuts)
@@ -82,7 +83,7 @@ def _jsonl_units(planned: Input, unit_bytes: int) -> Iterator[Unit]:
     are found in a map of the file, not read: ~3 µs a 27 KB line. What is planned leaves
     the map (its pages stay in the page cache): pages a map has touched count in this
     process's resident set, which grew by the size of a 270 MB crawl before."""
-    whole = Unit(planned.path, planned.name, "jsonl", size=_size(planned.path))
+    whole = Unit(planned.path, planned.name, "jsonl", size=file_size(planned.path))
     try:
         with open(planned.path, "rb") as fh:
             gzipped = fh.read(2) == b"\x1f\x8b"
@@ -118,7 +119,7 @@ def _release(view: mmap.mmap, released: int, end: int) -> int:
     return released
 
 
-def _size(path: Path) -> int:
+def file_size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError:

@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from stream_dedup.decide.step import Analysis
-from stream_dedup.decide.verdicts import warc_digest
+from stream_dedup.decide.verdicts import Analysis, warc_digest
 from stream_dedup.models import Page, Rejected
 from stream_dedup.pipeline.analysis import Analyzer, raw_fingerprint, worker_analyzer, worker_seen
 from stream_dedup.pipeline.memo import REMEMBERED, Memo, Row, as_row, from_row
 from stream_dedup.replay.parts import Cut, PartEnd, read_part, read_rest
 from stream_dedup.replay.unit_plan import Unit
 from stream_dedup.sources.jsonl import iter_jsonl, iter_jsonl_range
-from stream_dedup.sources.warc import SourceStats, iter_archive
+from stream_dedup.sources.stats import SourceStats
+from stream_dedup.sources.warc import iter_archive
 
 # A unit's pages are read so many (or so many bytes of bodies) at a time and then analysed,
 # not one by one: reading (gunzip, FastWARC) and analysing (lexbor, tokens, sketches) then
@@ -194,7 +194,7 @@ def _digest(fp: int, body: bytes) -> str:
     return digest
 
 
-def _worker_read(unit: Unit) -> Packed:
+def worker_read(unit: Unit) -> Packed:
     """In a worker process: the unit read and analysed, packed."""
     analyzer = worker_analyzer()
     stats = SourceStats()
@@ -282,7 +282,7 @@ def unpack(packed: Packed, sources: list[str] | None = None,
     return out
 
 
-def _with_sources(result: UnitResult, sources: list[str]) -> UnitResult:
+def with_sources(result: UnitResult, sources: list[str]) -> UnitResult:
     """An archive part read here, each item with its source (its pages keep their bodies).
     Built field by field: dataclasses.replace costs ~10 µs a page, twice."""
     out = UnitResult([], [], result.stats, result.end)

@@ -49,30 +49,30 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.models import Page, Rejected
 from stream_dedup.pipeline.analysis import Analyzer
 from stream_dedup.replay.parts import Chain, Cut
 from stream_dedup.replay.unit_feed import (
     QUEUED_PER_PROCESS,
+    Slot,
+    Stopped,
     WorkerFeed,
-    _Slot,
-    _Stopped,
 )
 from stream_dedup.replay.unit_memo import UnitMemo
-from stream_dedup.replay.unit_plan import UNIT_BYTES, Unit, _size, plan_units
+from stream_dedup.replay.unit_plan import UNIT_BYTES, Unit, file_size, plan_units
 from stream_dedup.replay.unit_read import (  # noqa: F401  (tests reach them here)
     Packed,
     UnitResult,
-    _with_sources,
-    _worker_read,
     finish_deferred,
     merge_stats,
     read_unit,
     unpack,
+    with_sources,
+    worker_read,
 )
 from stream_dedup.runner.edges import Batch, PageRecords
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 from stream_dedup.workers.shared_fps import SharedFingerprints
 
 if TYPE_CHECKING:
@@ -116,7 +116,7 @@ class UnitSource(WorkerFeed, PageRecords):
         super().__init__()
         self._plan = plan_units(paths, self.stats, unit_bytes or UNIT_BYTES)
         self._planned_all = False
-        self._slots: deque[_Slot] = deque()
+        self._slots: deque[Slot] = deque()
         self._chain: Chain | None = None  # of the archive whose parts are due
         self._shared = UnitMemo(self._seen)  # the analyses remembered here
         self._current: UnitResult | None = None
@@ -168,7 +168,7 @@ class UnitSource(WorkerFeed, PageRecords):
                     # A batch begun goes out rather than wait for a worker's unit (the end
                     # of the input): it is decided meanwhile, not after the last unit.
                     self._current, self._at = self._next_result(begun=bool(items)), 0
-                except (_Stopped, _NotBack):
+                except (Stopped, _NotBack):
                     self._current, self._at = None, 0
                     break
                 if self._current is None:
@@ -194,9 +194,9 @@ class UnitSource(WorkerFeed, PageRecords):
                 self._planned_all = True
             elif isinstance(planned, Rejected):
                 self.stats.unreadable.append(planned.message)
-                self._slots.append(_Slot(None, result=UnitResult([planned], [None])))
+                self._slots.append(Slot(None, result=UnitResult([planned], [None])))
             else:
-                self._slots.append(_Slot(planned))
+                self._slots.append(Slot(planned))
                 ahead += planned.size
 
     def _ending(self) -> bool:
@@ -238,7 +238,7 @@ class UnitSource(WorkerFeed, PageRecords):
                     self._lost(executor)
                     continue
                 except TimeoutError:
-                    raise _Stopped from None
+                    raise Stopped from None
             self._slots.popleft()
             result = self._settled(head)
             self._bury()
@@ -249,7 +249,7 @@ class UnitSource(WorkerFeed, PageRecords):
                 return result
         return None
 
-    def _settled(self, slot: _Slot) -> UnitResult | None:
+    def _settled(self, slot: Slot) -> UnitResult | None:
         """The due unit's result, its sources set; None for an archive part dropped
         (parts.py Chain; what is read in its place or after it goes first in line)."""
         unit, got = slot.unit, slot.result
@@ -266,18 +266,18 @@ class UnitSource(WorkerFeed, PageRecords):
                                      rest=unit.kind == "archive-rest")
         if settled.rest is not None:
             at, skip = settled.rest
-            self._slots.appendleft(_Slot(Unit(unit.path, unit.name, "archive-rest", at,
-                                              size=max(_size(unit.path) - at, 0),
+            self._slots.appendleft(Slot(Unit(unit.path, unit.name, "archive-rest", at,
+                                              size=max(file_size(unit.path) - at, 0),
                                               fmt=unit.fmt, skip=skip)))
         if settled.again is not None:
-            self._slots.appendleft(_Slot(dataclasses.replace(
+            self._slots.appendleft(Slot(dataclasses.replace(
                 unit, start=settled.again, size=unit.end - settled.again)))
         if settled.base is None:
             return None
         sources = [f"{unit.name}#{settled.base + n}" for n in got.end.ordinals]
         if isinstance(got, Packed):
             return self._shared.remembered(unpack(got, sources, self._shared.recall))
-        return _with_sources(got, sources)
+        return with_sources(got, sources)
 
     def _seen(self) -> SharedFingerprints | None:
         return self.pool.seen if self.pool is not None else None
@@ -287,7 +287,7 @@ class UnitSource(WorkerFeed, PageRecords):
         self._shared.bury(min((s.sent for s in self._slots if s.task is not None),
                               default=None))
 
-    def _here(self, slot: _Slot) -> UnitResult:
+    def _here(self, slot: Slot) -> UnitResult:
         assert slot.unit is not None
         self.units_here += 1
         slot.here = True

@@ -8,7 +8,7 @@ A `Batch` holds a source's records in the order they are decided, the position a
 last record in each stream (what a commit stores, in the index too), and its plan (each
 stream's range, which a persistent index keeps until the commit so that a restart can cut
 the same batch again). Adapters: Kafka (kafka/edges.py), files for `replay`
-(sources/files.py FileSource, sinks FileSink), and, for tests, the in-process edges below:
+(replay/run.py FileSource, sinks/files.py FileSink), and, for tests, the in-process edges below:
 a list source, a list sink, and crash injection as data (`Faults`: the runner dies at a
 named kill point, by raising `Crash` in a test, by exiting in a process-level test).
 """
@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.index.base import Change, FeatureIndex, Plan
 from stream_dedup.models import Decision, Page, Rejected, Skipped
 
@@ -33,6 +33,37 @@ from stream_dedup.models import Decision, Page, Rejected, Skipped
 KILL_POINTS = ("before-deliver", "before-transaction-commit", "before-index-commit",
                "before-source-commit")
 CRASH_EXIT = 70  # the exit code of a process that a kill point ended
+STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
+T = TypeVar("T")
+
+
+class Abandoned(Exception):
+    """A stop came while the batch in flight could not be finished: it stays uncommitted."""
+
+
+async def pause(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep, cut short by a stop."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+
+
+async def within_grace(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
+    """Run `work`; once `stop` is set it has STOP_GRACE_S more, then it is cancelled and
+    Abandoned is raised."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=STOP_GRACE_S)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            raise Abandoned("stopped while the outputs were not taken")
+        return task.result()
+    finally:
+        stopping.cancel()
 
 
 @dataclass

@@ -41,58 +41,37 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from stream_dedup.config import Settings
-from stream_dedup.decide.step import Analysis
+from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable, StreamDedupError
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected, Skipped
 from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
-from stream_dedup.runner.edges import Batch, Faults, Sink, Source
+from stream_dedup.runner.edges import (
+    STOP_GRACE_S,
+    Abandoned,
+    Batch,
+    Faults,
+    Sink,
+    Source,
+    pause,
+    within_grace,
+)
 
 log = logging.getLogger("stream_dedup.runner")
 
 EXPIRY_EVERY_S = 60.0
-STOP_GRACE_S = 3.0  # after a stop, how long the batch in flight may still take to deliver
 INDEX_BACKOFF_S = (0.1, 5.0)  # first and longest wait before asking an unavailable index again
 INDEX_WARN_EVERY_S = 30.0
 STEPS = ("decide", "deliver", "index-commit", "source-commit")  # of a batch, in order
 T = TypeVar("T")
-
-
-class Abandoned(Exception):
-    """A stop came while the batch in flight could not be finished: it stays uncommitted."""
-
-
-async def pause(stop: asyncio.Event, seconds: float) -> None:
-    """Sleep, cut short by a stop."""
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-
-
-async def within_grace(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T:
-    """Run `work`; once `stop` is set it has STOP_GRACE_S more, then it is cancelled and
-    Abandoned is raised."""
-    task = asyncio.ensure_future(work)
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if not task.done():
-            await asyncio.wait({task}, timeout=STOP_GRACE_S)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-            raise Abandoned("stopped while the outputs were not taken")
-        return task.result()
-    finally:
-        stopping.cancel()
 
 
 @dataclass

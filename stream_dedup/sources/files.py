@@ -8,15 +8,13 @@ Rejected and the replay goes on with the next file: one bad path must not cost a
 A file given twice (the same path, overlapping globs, a symlink to it) is read once: reading
 it again would only decide every page as a copy of itself. A copy under another name is
 another file, and its pages are exact duplicates.
-`FileSource` is the runner's source for `replay` over them. With a namespace field
+The runner's source for `replay` over them is replay/run.py FileSource. With a namespace field
 (--namespace-field), a JSONL line names its page's namespace as a JSON message does
 (namespace_field.py); archives name none.
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -25,9 +23,9 @@ from pathlib import Path
 from typing import Literal
 
 from stream_dedup.models import Page, Rejected
-from stream_dedup.runner.edges import Batch, PageRecords
 from stream_dedup.sources.jsonl import iter_jsonl
-from stream_dedup.sources.warc import SourceStats, archive_format, iter_archive, read_head
+from stream_dedup.sources.stats import SourceStats
+from stream_dedup.sources.warc import archive_format, iter_archive, read_head
 
 log = logging.getLogger("stream_dedup.replay")
 
@@ -137,25 +135,3 @@ def _unreadable(stats: SourceStats, path: Path, why: str) -> Rejected:
     return Rejected(
         url=None, kind="unreadable-file", message=f"{path}: {why}", source=f"{path}#0"
     )
-
-
-class FileSource(PageRecords):
-    """The pages of `paths`, in order, in batches. A file is read once: nothing comes again
-    (the same page twice is a duplicate, not a redelivery) and there is nothing to commit;
-    archived fetch times are history, so latency counts from reading."""
-
-    redelivers = False
-    live = False
-    reads_ahead = True
-
-    def __init__(self, paths: Iterable[str | os.PathLike[str]],
-                 stats: SourceStats | None = None, *, namespace_field: str = "") -> None:
-        self.stats = stats if stats is not None else SourceStats()
-        self._items = iter_inputs(paths, self.stats, namespace_field)
-
-    async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
-        records = list(itertools.islice(self._items, max_records))
-        return Batch(records) if records else None
-
-    async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
-        pass

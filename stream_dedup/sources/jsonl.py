@@ -45,7 +45,7 @@ import pybase64
 from stream_dedup.errors import PageError
 from stream_dedup.models import Page, Rejected
 from stream_dedup.sources.namespace_field import namespace_in
-from stream_dedup.sources.warc import SourceStats
+from stream_dedup.sources.stats import SourceStats
 
 _HTML_TYPE = ("Content-Type", "text/html; charset=utf-8")
 
@@ -70,21 +70,21 @@ def page_from_object(obj: dict[str, Any], source: str | None = None) -> Page:
     """`page_from_json` of the object already parsed."""
     url = obj.get("url")
     if not isinstance(url, str) or not url.strip():
-        raise PageError("no-url", f"'url' must be a non-empty string, got {_short(url)}")
+        raise PageError("no-url", f"'url' must be a non-empty string, got {shorten(url)}")
     check_url(url)
     headers = _headers(obj.get("headers"))
     fetched_at = obj.get("fetched_at")
     if fetched_at is not None and not isinstance(fetched_at, str):
-        raise PageError("bad-field", f"'fetched_at' must be a string, got {_short(fetched_at)}")
+        raise PageError("bad-field", f"'fetched_at' must be a string, got {shorten(fetched_at)}")
     status = obj.get("status")
     if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
-        raise PageError("bad-field", f"'status' must be an integer, got {_short(status)}")
+        raise PageError("bad-field", f"'status' must be an integer, got {shorten(status)}")
     if obj.get("body_b64") is not None:
-        body = _b64(obj["body_b64"])
+        body = decode_b64(obj["body_b64"])
     elif obj.get("html") is not None:
         html = obj["html"]
         if not isinstance(html, str):
-            raise PageError("bad-field", f"'html' must be a string, got {_short(html)}")
+            raise PageError("bad-field", f"'html' must be a string, got {shorten(html)}")
         # Lone surrogates (JSON allows "\ud800") cannot be UTF-8; they become U+FFFD.
         body = html.encode("utf-8", "replace")
         # The text was decoded by the producer and is stored as UTF-8 here, whatever charset
@@ -118,7 +118,7 @@ def _json_loads(data: bytes | str) -> Any:
         raise PageError("bad-json", "not valid JSON: nested too deeply") from None
 
 
-def _short(value: Any) -> str:
+def shorten(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -131,7 +131,7 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
     elif isinstance(value, list):
         pairs = value
     else:
-        raise PageError("bad-field", f"'headers' must be an object or a list, got {_short(value)}")
+        raise PageError("bad-field", f"'headers' must be an object or a list, got {shorten(value)}")
     out: list[tuple[str, str]] = []
     for pair in pairs:
         if (
@@ -140,15 +140,15 @@ def _headers(value: Any) -> tuple[tuple[str, str], ...]:
             or not all(isinstance(part, str) for part in pair)
         ):
             raise PageError(
-                "bad-field", f"header must be a [name, value] of strings: {_short(pair)}"
+                "bad-field", f"header must be a [name, value] of strings: {shorten(pair)}"
             )
         out.append((pair[0], pair[1]))
     return tuple(out)
 
 
-def _b64(value: Any) -> bytes:
+def decode_b64(value: Any) -> bytes:
     if not isinstance(value, str):
-        raise PageError("bad-base64", f"'body_b64' must be a string, got {_short(value)}")
+        raise PageError("bad-base64", f"'body_b64' must be a string, got {shorten(value)}")
     if "-" not in value and "_" not in value:
         try:  # the common case: one line, standard alphabet
             return pybase64.b64decode(value + "=" * (-len(value) % 4), validate=True)

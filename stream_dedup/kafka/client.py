@@ -38,7 +38,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from stream_dedup.config import Settings
 from stream_dedup.kafka.tolerating import install_tolerating_reader
-from stream_dedup.runner.loop import Abandoned, pause
+from stream_dedup.runner.edges import Abandoned, pause
 
 log = logging.getLogger("stream_dedup.kafka")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stream_dedup.workers.pool import pool as workers
+from stream_dedup.workers import pool as workers
 
 PAGES = (300 * (64 << 10)) // 4096
 glibc = pytest.mark.skipif(not hasattr(os, "confstr") or not os.confstr("CS_GNU_LIBC_VERSION"),

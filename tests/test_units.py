@@ -33,7 +33,7 @@ from stream_dedup.replay.run import replay
 from stream_dedup.sinks.files import MemorySink
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.stats import SourceStats
-from stream_dedup.workers.pool import pool as workers
+from stream_dedup.workers import pool as workers
 
 BAD_LINES = (5, 12, 13)  # 1-based lines of crawl.jsonl that are not a page
 CORPUS = Path(__file__).parents[2] / "shared" / "corpora" / "warc"

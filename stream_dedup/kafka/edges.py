@@ -85,8 +85,10 @@ def _partition(stream: str) -> TopicPartition:
     return TopicPartition(topic, int(partition))
 
 
-def batch_of(records: list[ConsumerRecord], received: float | None = None) -> Batch:
-    return Batch.of(((f"{r.topic}/{r.partition}", r.offset, r) for r in records), received)
+def batch_of(records: list[ConsumerRecord], received: float | None = None, *,
+             planned: bool = True) -> Batch:
+    return Batch.of(((f"{r.topic}/{r.partition}", r.offset, r) for r in records), received,
+                    planned=planned)
 
 
 class FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]

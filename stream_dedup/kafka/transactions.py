@@ -237,8 +237,8 @@ class TransactionalSource(KafkaSource):
                     by_partition.setdefault(stream, []).append(r)
                     self.expected[stream] = r.offset + 1
             for records in by_partition.values():
-                batch = batch_of(records, fetched.received)
-                batch.plan = []  # the group's committed offset is where a restart resumes
+                # no plan: the group's committed offset is where a restart resumes
+                batch = batch_of(records, fetched.received, planned=False)
                 self._queue.append((self.generation, batch))
         if not self._queue:
             return Batch([])

@@ -84,8 +84,10 @@ class Batch:
     skipped: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, entries: Iterable[tuple[str, int, Any]], received: float | None = None) -> Batch:
-        """A batch of (stream, position, record), in decide order."""
+    def of(cls, entries: Iterable[tuple[str, int, Any]], received: float | None = None, *,
+           planned: bool = True) -> Batch:
+        """A batch of (stream, position, record), in decide order; `planned=False`: no plan
+        for the index to keep (a source whose restart resumes elsewhere)."""
         records: list[Any] = []
         spans: dict[str, list[int]] = {}
         for stream, position, record in entries:
@@ -93,7 +95,7 @@ class Batch:
             span = spans.setdefault(stream, [position, position + 1])
             span[0], span[1] = min(span[0], position), max(span[1], position + 1)
         return cls(records, {s: end for s, (_, end) in spans.items()},
-                   [(s, first, end) for s, (first, end) in spans.items()],
+                   [(s, first, end) for s, (first, end) in spans.items()] if planned else [],
                    time.time() if received is None else received)
 
 

@@ -51,10 +51,9 @@ from rocksdict import (
 
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.errors import IndexMismatchError, IndexStoreError
-from stream_dedup.index import lsm_pages
 from stream_dedup.index.base import CANONICAL, RAW, Docs, LocalIndex, Plan, StoredDoc
 from stream_dedup.index.doc_codec import decode_doc, encode_doc
-from stream_dedup.index.lsm_pages import CF_IDS, CF_TIMES
+from stream_dedup.index.lsm_pages import CF_IDS, CF_TIMES, PageLifecycle
 from stream_dedup.index.namespaces import Forget, page_time
 
 log = logging.getLogger("stream_dedup.index")
@@ -81,7 +80,7 @@ def _options(prefix: int | None) -> Options:
     return opt
 
 
-class LsmIndex(LocalIndex):
+class LsmIndex(LocalIndex, PageLifecycle):
     """A FeatureIndex kept on disk. One process at a time (RocksDB holds a lock)."""
 
     def __init__(self, path: str | Path, stamp: int | None, max_posting: int = 64,
@@ -115,9 +114,9 @@ class LsmIndex(LocalIndex):
         self._next_id = self._meta_int(b"next_id")
         self._next_local = self._meta_int(b"next_local")
         self._pages = self._meta_int(b"pages")
-        self._ns = lsm_pages.counts(self)
+        self._ns = self._counts()
         self._reset_overlay()
-        lsm_pages.upgrade(self)
+        self._upgrade()
 
     # --- opening ------------------------------------------------------------------------
     def _check_directory(self, create: bool) -> None:
@@ -256,13 +255,13 @@ class LsmIndex(LocalIndex):
         now = time.time()
         gone = self._retired
         delta: dict[str, int] = {}
-        lsm_pages.delete_pages(self, batch, [  # first: a put below wins
+        self._delete_pages(batch, [  # first: a put below wins
             (row, head) for row in sorted(gone - self._new_docs.keys())
-            if (head := lsm_pages.head_of(self, row))], delta)
+            if (head := self._head_of(row))], delta)
         for page_id, doc in self._new_docs.items():
             if page_id not in gone:
                 batch.put(_U32.pack(page_id), encode_doc(doc, now), self._cf[CF_DOCS])
-                lsm_pages.put_page(self, batch, page_id, doc, now, delta)
+                self._put_page(batch, page_id, doc, now, delta)
         for feature, ids in self._new_features.items():
             for page_id in ids:
                 if page_id not in gone:
@@ -280,7 +279,7 @@ class LsmIndex(LocalIndex):
         batch.put(b"next_id", _U32.pack(self._next_id), self._cf[CF_META])
         batch.put(b"next_local", _U64.pack(self._next_local), self._cf[CF_META])
         batch.put(b"pages", _U64.pack(pages), self._cf[CF_META])
-        lsm_pages.put_counts(self, batch, delta)
+        self._put_counts(batch, delta)
         self._write(batch)
         self._pages = pages
         self._reset_overlay()
@@ -332,21 +331,21 @@ class LsmIndex(LocalIndex):
         delta: dict[str, int] = {}
         removed = 0
         if what.all and what.namespace is None and not what.page_ids:
-            removed = lsm_pages.forget_all(self, batch, forgotten)
+            removed = self._forget_all(batch, forgotten)
         else:
-            pages = list(lsm_pages.selected(self, what))
-            lsm_pages.delete_pages(self, batch, pages, delta)
+            pages = list(self._selected(what))
+            self._delete_pages(batch, pages, delta)
             forgotten += [head.page_id for _, head in pages]
             removed = len(pages)
         if removed:
             self._pages -= removed
             batch.put(b"pages", _U64.pack(self._pages), self._cf[CF_META])
-            lsm_pages.put_counts(self, batch, delta)
+            self._put_counts(batch, delta)
             self._write(batch)
         return forgotten
 
     def namespaces(self) -> dict[str, dict[str, Any]]:
-        return lsm_pages.overlay_namespaces(self)
+        return self._overlay_namespaces()
 
     def compact(self) -> None:
         self._db.flush()

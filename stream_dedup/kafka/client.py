@@ -114,8 +114,9 @@ def send_now(producer: AIOKafkaProducer) -> None:
         for batches in accumulator._batches.values():
             for batch in batches:
                 batch._builder.close()  # no more records in it: ready, whatever its age
-        if not accumulator._waiter_future.done():
-            accumulator._waiter_future.set_result(None)  # the sender looks again now
+        waiter = accumulator.waiter()  # what the sender waits on (aiokafka 0.14)
+        if not waiter.done():
+            waiter.set_result(None)  # the sender looks again now
     except AttributeError:
         return
 

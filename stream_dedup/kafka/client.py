@@ -84,7 +84,7 @@ def producer_kwargs(s: Settings, max_batch: int = DEFAULT_BATCH) -> dict[str, An
 def make_consumer(s: Settings, failed: Callable[[], None]) -> AIOKafkaConsumer:
     install_tolerating_reader()
     consumer = AIOKafkaConsumer(**consumer_kwargs(s))
-    throttle_metadata(consumer._client, failed)
+    throttle_metadata(consumer._client, failed)  # noqa: SLF001 (no public handle to it)
     return consumer
 
 
@@ -111,9 +111,10 @@ def send_now(producer: AIOKafkaProducer) -> None:
     if accumulator is None:
         return
     try:  # aiokafka's internals: another version may lay them out otherwise (then: linger)
-        for batches in accumulator._batches.values():
+        for batches in accumulator._batches.values():  # noqa: SLF001
             for batch in batches:
-                batch._builder.close()  # no more records in it: ready, whatever its age
+                # no more records in it: ready, whatever its age
+                batch._builder.close()  # noqa: SLF001
         waiter = accumulator.waiter()  # what the sender waits on (aiokafka 0.14)
         if not waiter.done():
             waiter.set_result(None)  # the sender looks again now
@@ -219,7 +220,8 @@ async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Ev
 def throttle_metadata(client: Any, failed: Callable[[], None]) -> None:
     """Make every failed metadata update of `client` (an AIOKafkaClient) wait before the
     next one can start, with exponential backoff, and report it to `failed`."""
-    update = client._metadata_update
+    # aiokafka has no hook on a failed metadata update (retry_backoff_ms does not reach it)
+    update = client._metadata_update  # noqa: SLF001
     wait = [METADATA_BACKOFF_S[0]]
 
     async def throttled(cluster_metadata: Any, topics: Any) -> bool:
@@ -232,7 +234,7 @@ def throttle_metadata(client: Any, failed: Callable[[], None]) -> None:
             wait[0] = min(wait[0] * 2, METADATA_BACKOFF_S[1])
         return ok
 
-    client._metadata_update = throttled
+    client._metadata_update = throttled  # noqa: SLF001
 
 
 class RateLimitedLog(logging.Filter):

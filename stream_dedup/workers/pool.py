@@ -89,7 +89,9 @@ class WorkerPool(ProcessPoolExecutor):
                                    initargs))
         results: Any = self._result_queue  # a multiprocessing SimpleQueue: a pipe
         try:
-            fcntl.fcntl(results._reader.fileno(), fcntl.F_SETPIPE_SZ, RESULT_PIPE_BYTES)
+            # the pool makes the queue: its pipe ends are not ours to hold, nor public
+            reader = results._reader  # noqa: SLF001
+            fcntl.fcntl(reader.fileno(), fcntl.F_SETPIPE_SZ, RESULT_PIPE_BYTES)
         except (AttributeError, OSError):
             pass  # not Linux, or capped lower: results wait for the reader as before
         # Every worker now. Left to itself the pool starts one more only when a task comes
@@ -132,7 +134,8 @@ class WorkerPool(ProcessPoolExecutor):
         super().shutdown(wait=False, cancel_futures=cancel_futures)  # forgets both
         self._alive.close()  # idempotent; every worker sees EOF and exits
         if results is not None:
-            results._writer.close()  # (see the class) this process never writes to it
+            # (see the class) this process never writes to it
+            results._writer.close()  # noqa: SLF001
         if wait and manager is not None:
             manager.join()
 

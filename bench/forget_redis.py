@@ -36,8 +36,8 @@ from indexkit import flush_redis  # noqa: E402
 from stream_dedup.index import StoredDoc  # noqa: E402
 from stream_dedup.index.base import Claim, Probe  # noqa: E402
 from stream_dedup.index.namespaces import salted_doc, salted_probe, selector  # noqa: E402
-from stream_dedup.index.redis import RedisIndex  # noqa: E402
-from stream_dedup.index.redis_client import memory  # noqa: E402
+from stream_dedup.index.redis.backend import RedisIndex  # noqa: E402
+from stream_dedup.index.redis.client import memory  # noqa: E402
 from stream_dedup.models import Decision  # noqa: E402
 
 

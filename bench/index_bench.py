@@ -43,7 +43,7 @@ import numpy as np
 from stream_dedup.index import FeatureIndex, MemoryIndex, StoredDoc
 from stream_dedup.index.base import Claim, Probe
 from stream_dedup.index.lsm import LsmIndex
-from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis.backend import RedisIndex
 from stream_dedup.models import Decision
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -1,4 +1,4 @@
-"""Namespaces and forgetting on the Redis index (index/redis_forget.py), against a real Redis
+"""Namespaces and forgetting on the Redis index (index/redis/forget.py), against a real Redis
 Cluster: namespaces kept apart, forgetting by URL, host, time and all within a namespace
 (or every one), a page forgotten decided again as new, the counts an operator reads, a
 forget under other sketch parameters refused, and a forget while two instances decide.
@@ -20,8 +20,8 @@ from stream_dedup import Settings
 from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index.base import StoredDoc
 from stream_dedup.index.namespaces import Forget, host_of, selector
-from stream_dedup.index.redis import RedisIndex, connect
-from stream_dedup.index.redis_layout import (
+from stream_dedup.index.redis.backend import RedisIndex, connect
+from stream_dedup.index.redis.layout import (
     BUCKET_ENDS,
     PAGES,
     SHARDS,

@@ -12,7 +12,7 @@ from indexkit import candidates, first_with, flush_redis, keep
 from stream_dedup.index import CANONICAL, RAW, SUPPORTED_INDEXES, FeatureIndex, StoredDoc
 from stream_dedup.index.base import Probe
 from stream_dedup.index.memory import SortedRunMultimap
-from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis.backend import RedisIndex
 
 
 def _doc(

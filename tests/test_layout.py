@@ -122,6 +122,17 @@ def test_the_docs_name_files_and_modules_that_exist(doc: str) -> None:
     assert not missing, f"{doc} names what does not exist: {missing}"
 
 
+def test_the_package_names_modules_that_exist() -> None:
+    """A module's prose that names a module by its file (`pool.py`) names one that exists:
+    a renamed or moved module leaves no stale name behind."""
+    names = {p.name for p in REPO.rglob("*.py")}
+    stale = [f"{path.relative_to(REPO)}:{n}: {name}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             for name in re.findall(r"(?<![\w./-])(\w+\.py)\b", line) if name not in names]
+    assert not stale, "\n".join(stale)
+
+
 def test_ruff_is_clean() -> None:
     """ruff with the project's rules, SLF among them (pyproject.toml)."""
     run = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", "."], cwd=REPO,

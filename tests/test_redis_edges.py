@@ -18,7 +18,7 @@ from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import index_for
 from stream_dedup.index.base import Claim
-from stream_dedup.index.redis import RedisIndex
+from stream_dedup.index.redis.backend import RedisIndex
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, position_id
 from stream_dedup.pipeline.deduplicator import Analyzer, Deduplicator

@@ -20,9 +20,9 @@ from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index import RAW
 from stream_dedup.index.base import WAIT, Answer, Claim
-from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_layout import REF_BYTES, SHARDS, id_bytes, set_members
-from stream_dedup.index.redis_lease import Leases
+from stream_dedup.index.redis.backend import RedisIndex
+from stream_dedup.index.redis.layout import REF_BYTES, SHARDS, id_bytes, set_members
+from stream_dedup.index.redis.lease import Leases
 from stream_dedup.models import Page, position_id
 from stream_dedup.pipeline.deduplicator import Analyzer
 from stream_dedup.pipeline.rounds import page_probe
@@ -188,7 +188,7 @@ def test_a_live_instance_keeps_its_pending_pages_however_long_it_takes(  # type:
         two, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its leases are renewed while it decides: a page waits for the older one all along
     (no time limit, nothing stolen), and the older one's claim holds."""
-    from stream_dedup.index import redis_lease
+    from stream_dedup.index.redis.backend import lease as redis_lease
 
     monkeypatch.setattr(redis_lease, "RENEW_EVERY_S", 0.1)
     a, b = two

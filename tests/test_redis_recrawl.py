@@ -28,8 +28,8 @@ from stream_dedup.decide.step import decide_batch
 from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.index import index_for
 from stream_dedup.index.base import WAIT, Claim, Probe
-from stream_dedup.index.redis import RedisIndex
-from stream_dedup.index.redis_layout import set_members
+from stream_dedup.index.redis.backend import RedisIndex
+from stream_dedup.index.redis.layout import set_members
 from stream_dedup.models import Decision, position_id
 from stream_dedup.pipeline.rounds import page_probe
 

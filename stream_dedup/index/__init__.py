@@ -64,7 +64,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
     if s.index == "memory":
         return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key)
     if s.index == "redis":
-        from stream_dedup.index.redis import RedisIndex
+        from stream_dedup.index.redis.backend import RedisIndex
 
         if s.verify_exact and not s.redis_records_url:
             log.warning("the verification records go to the index's Redis, each with its page's "

@@ -14,7 +14,7 @@ canonical length, shingles). It is asked two questions a batch:
                     that page is decided again.
 
 A memory or LSM index answers from this process and never loses a claim; the Redis index
-answers from a shared store in a few pipelined round trips and may (see redis.py). Pages
+answers from a shared store in a few pipelined round trips and may (see redis/backend.py). Pages
 are named by *handles*, ints chosen by the backend that sort oldest first (a row number, or
 the page id itself); a page's public id is `StoredDoc.page_id`, given before deciding:
 its input position, or a number the deduplicator takes from `local_ids`.

@@ -9,7 +9,7 @@ Things aiokafka does not do by itself, each reproduced against a real broker:
 
 - **A record it cannot read.** A header key that is not UTF-8 makes aiokafka's record
   reader raise inside `getmany`, for that record on every fetch: the stream stops for good.
-  `kafka_records.ToleratingRecords` reads batches with aiokafka's fast reader and, for a
+  `tolerating.ToleratingRecords` reads batches with aiokafka's fast reader and, for a
   batch it refuses, goes on with `sources.records.read_batch` (header keys decoded with
   `surrogateescape`), so the record arrives and `sources.kafka` turns it into a
   `bad-header` dead letter.

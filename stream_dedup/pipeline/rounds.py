@@ -2,7 +2,7 @@
 (lookup), decide the pages it answered (decide/step.py's pure step), tell it the outcome (claim);
 again for the pages that could not be decided in that round:
 - a page waiting for an older one another instance is deciding (Answer.prior WAIT): asked
-  again next round, for as long as that page's lease lives (index/redis_lease.py);
+  again next round, for as long as that page's lease lives (index/redis/lease.py);
 - a page whose claim another instance beat (shared index): decided again, and answered by
   that instance's decision if it was a re-delivery of the same page;
 - a page whose decide step lacked a record (Verdict.missing) and the pages after it

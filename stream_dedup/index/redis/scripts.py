@@ -1,5 +1,5 @@
-"""The scripts the Redis index runs on the server (redis_layout.py says what they read and
-write; redis.py calls them, a round of the protocol at a time).
+"""The scripts the Redis index runs on the server (layout.py says what they read and
+write; backend.py calls them, a round of the protocol at a time).
 
 Every script works on many entries of ONE node: a round of the protocol is one pipelined
 call per node (not per key, nor per hash tag). A cluster lets a script declare keys of
@@ -11,7 +11,7 @@ the batch is tried again once the client knows the new owner).
 
 from __future__ import annotations
 
-from stream_dedup.index.redis_lua import COMMON, FLAGS
+from stream_dedup.index.redis.lua import COMMON, FLAGS
 
 # A set bucket is a string: 'n', then entries of <field><ref>, or 'e' and when it is swept
 # next (4 bytes, epoch s), then entries of <field><ref><expiry (4 bytes, epoch s, 0: never)>
@@ -274,6 +274,6 @@ end
 return 0
 """
 
-# the scripts on set buckets (the record scripts: redis_record_scripts.py)
+# the scripts on set buckets (the record scripts: record_scripts.py)
 SET_SCRIPTS = {
     "join": _JOIN, "read": _READ, "leave": _LEAVE, "cut": _CUT}

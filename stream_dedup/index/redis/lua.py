@@ -1,6 +1,6 @@
 """What every script of the Redis index starts with (its flag, local aliases, the common
 functions). A script names the layout's constants (SHARDS, REF_BYTES, ...); the client puts
-their values in when it loads it (redis_client.py `source`)."""
+their values in when it loads it (client.py `source`)."""
 
 from __future__ import annotations
 

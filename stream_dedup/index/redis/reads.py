@@ -1,7 +1,7 @@
 """The Redis index's read path: each page's keys joined and their sets read in one script
 call per node, the states of the pages seen (peeked, by ref), pages that wait for an older
 one decided elsewhere, and members that will never count again swept out of the sets read.
-redis.py holds the protocol; redis_records.py the write path.
+backend.py holds the protocol; pages.py the write path.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.base import Probe
-from stream_dedup.index.redis_client import ANY, shard_of
-from stream_dedup.index.redis_layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
-from stream_dedup.index.redis_pages import CACHED_STATES, RecordRounds, remember
+from stream_dedup.index.redis.client import ANY, shard_of
+from stream_dedup.index.redis.layout import BUCKET_ENDS, REF_BYTES, SHARDS, id_bytes
+from stream_dedup.index.redis.pages import CACHED_STATES, RecordRounds, remember
 
 READ_SLACK = 32  # members read beyond `cap`: pending, dropped and gone ones are skipped
 NO_MEMBERS: list[int] = []
@@ -125,7 +125,7 @@ class SetRounds(RecordRounds):
     def _wait(self, waiting: set[int]) -> None:
         """Pages waiting for an older page another instance is deciding: back off a little
         (they are asked again next round), longer the longer they wait (at most 0.5 s). No
-        time limit: the older page's lease bounds the wait (redis_lease.py), and the oldest
+        time limit: the older page's lease bounds the wait (lease.py), and the oldest
         page pending never waits. A stop (`interrupted`) gives the batch up."""
         now = time.monotonic()
         self._waiting = {p: self._waiting.get(p, now) for p in waiting}

@@ -1,6 +1,6 @@
 """The Redis index's transport: connecting (cluster or single), and a round of the protocol
-as one pipelined round trip of script calls, one call per node (redis.py holds the protocol,
-redis_scripts.py the scripts)."""
+as one pipelined round trip of script calls, one call per node (backend.py holds the protocol,
+scripts.py the scripts)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from stream_dedup.errors import ConfigError, IndexMismatchError, IndexUnavailable
-from stream_dedup.index.redis_layout import (
+from stream_dedup.index.redis.layout import (
     FEATURE_FIELD,
     FORMAT,
     ID_BYTES,
@@ -35,8 +35,8 @@ from stream_dedup.index.redis_layout import (
     STAMP,
     SWEEP_S,
 )
-from stream_dedup.index.redis_record_scripts import RECORD_SCRIPTS
-from stream_dedup.index.redis_scripts import SET_SCRIPTS
+from stream_dedup.index.redis.record_scripts import RECORD_SCRIPTS
+from stream_dedup.index.redis.scripts import SET_SCRIPTS
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -94,13 +94,13 @@ Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
 
 class ScriptClient:
     """Script calls on a Redis (Cluster), a round trip at a time, timed and counted; and
-    what an operator asks of it (ping, its configuration; stats: redis_forget.py)."""
+    what an operator asks of it (ping, its configuration; stats: forget.py)."""
 
     def __init__(self, url: str, client: Any, observe: Observe | None) -> None:
         self.url = url
         self.observe: Observe = observe or (lambda op, s, failed: None)
         self.client = client if client is not None else connect(url)
-        self.records: Any = None  # another store for the verification records (redis.py)
+        self.records: Any = None  # another store for the verification records (backend.py)
         self.listpack_value = LISTPACK_VALUE  # (_check_config)
         self.round_trips = 0  # pipelined round trips so far
         self._nodes_of: tuple[Any, list[Any]] = (None, [])  # slot map, shard -> node

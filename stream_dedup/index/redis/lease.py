@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from stream_dedup.errors import IndexUnavailable
-from stream_dedup.index.redis_client import Observe, ScriptClient
-from stream_dedup.index.redis_layout import SHARDS
+from stream_dedup.index.redis.client import Observe, ScriptClient
+from stream_dedup.index.redis.layout import SHARDS
 
 log = logging.getLogger("stream_dedup.index")
 

@@ -1,9 +1,9 @@
 """The Redis index's scripts on record buckets: register, peek, finish, retire and
-records (redis_scripts.py has the ones on set buckets and says how every script runs)."""
+records (scripts.py has the ones on set buckets and says how every script runs)."""
 
 from __future__ import annotations
 
-from stream_dedup.index.redis_lua import ALIASES, COMMON, FLAGS
+from stream_dedup.index.redis.lua import ALIASES, COMMON, FLAGS
 
 # A record bucket is a hash; field: a page id; value: state ('P', 'K', 'D' or 'R'), its
 # expiry (4 bytes), its ref (REF_BYTES), then for P the lease's end (ms, decimal) and 'f' if

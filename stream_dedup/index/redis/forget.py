@@ -1,5 +1,5 @@
 """The Redis index's lifecycle: forgetting held pages online, and what it holds per
-namespace (for `index stats`). redis.py holds the protocol; this module reuses its retire
+namespace (for `index stats`). backend.py holds the protocol; this module reuses its retire
 path, so a page forgotten leaves the index exactly as a version a newer one replaced does.
 
     scan     every record bucket ({n}P<bucket>: their names are known, SHARDS x
@@ -31,8 +31,8 @@ import numpy as np
 from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index.base import StoredDoc
 from stream_dedup.index.namespaces import Forget, page_time, unsalted_url_key
-from stream_dedup.index.redis_client import memory
-from stream_dedup.index.redis_layout import (
+from stream_dedup.index.redis.client import memory
+from stream_dedup.index.redis.layout import (
     BUCKET_ENDS,
     DOC_HEAD_BYTES,
     PAGES,
@@ -42,7 +42,7 @@ from stream_dedup.index.redis_layout import (
     doc_probe,
     skipped_bytes,
 )
-from stream_dedup.index.redis_reads import READ_SLACK, SetRounds
+from stream_dedup.index.redis.reads import READ_SLACK, SetRounds
 
 RECORDS_A_CALL = 2_000  # KEEP pages a scan's script call reads, about (it holds its node)
 RETIRE_BATCH = 5_000  # pages retired a round trip

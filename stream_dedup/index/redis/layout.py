@@ -1,5 +1,5 @@
 """What the Redis index stores, and where: key names and record encodings (the scripts
-that run on the server: redis_scripts.py; the client side of the protocol: redis.py).
+that run on the server: scripts.py; the client side of the protocol: backend.py).
 
 Ids are 13 bytes, big-endian `models.position_id`, so ids sort by time. Every key carries one
 of SHARDS hash tags, `{n}`, from its fingerprint, feature or page id, so that a cluster
@@ -18,7 +18,7 @@ tag (from `buckets`, fixed when the index is made):
                   its decision (see redis_scripts._RECORD); R: a kept version a newer one
                   replaced
     {n}D<id>      string: a kept page's verification record (encode_doc), ~730 bytes; in
-                  the index's Redis or in a records store (redis.py)
+                  the index's Redis or in a records store (backend.py)
     stream-dedup:stamp  "<sketch stamp>:<SHARDS>:<FORMAT>:<buckets>"
     stream-dedup:pages  pages kept
 
@@ -218,7 +218,7 @@ def decode_doc(raw: bytes, page_id: int) -> StoredDoc:
 
 
 # Where a record's sketch, signature and shingle set start, and their lengths, in its head:
-# what a scan of the kept pages skips (redis_forget.py reads the head and what follows them)
+# what a scan of the kept pages skips (forget.py reads the head and what follows them)
 DOC_HEAD_BYTES = _DOC_HEAD.size
 
 

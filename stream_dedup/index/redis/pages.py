@@ -2,7 +2,7 @@
 record's claim (KEEP or DROP, the verification record with a keep), a dropped page or a
 replaced version leaving its sets, and the records read back (docs). The caches of what
 this instance knows of other pages (final states, refs, records) live here too.
-redis.py holds the protocol; redis_reads.py the read path.
+backend.py holds the protocol; reads.py the read path.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.base import Claim, Probe, StoredDoc
-from stream_dedup.index.redis_client import ScriptClient, shard_of
-from stream_dedup.index.redis_layout import (
+from stream_dedup.index.redis.client import ScriptClient, shard_of
+from stream_dedup.index.redis.layout import (
     SHARDS,
     Layout,
     decode_doc,
@@ -23,7 +23,7 @@ from stream_dedup.index.redis_layout import (
     encode_decision,
     encode_doc,
 )
-from stream_dedup.index.redis_lease import Leases
+from stream_dedup.index.redis.lease import Leases
 
 CACHED_STATES, CACHED_RECORDS = 1_000_000, 20_000  # final states and kept records cached
 CACHED_REFS = 200_000  # refs known (of the pages decided here and of those seen)

@@ -22,14 +22,14 @@ docs/scale-out.md; in short:
                its keys.
 
 A lease lasts a few seconds and this instance renews it while it decides the page
-(redis_lease.py): a page is waited for exactly as long as its instance is alive and
+(lease.py): a page is waited for exactly as long as its instance is alive and
 deciding it; released at once when the instance gives the page up or leaves.
 
-The rounds: redis_reads.py (join and read the sets, peek at the pages seen, wait, sweep)
-and redis_records.py (claim, leave, retire; the records read back). What is stored where:
-redis_layout.py; the scripts the server runs: redis_scripts.py; connecting and a round of
-script calls: redis_client.py. Forgetting pages online, and what is held per namespace:
-redis_forget.py.
+The rounds: reads.py (join and read the sets, peek at the pages seen, wait, sweep)
+and pages.py (claim, leave, retire; the records read back). What is stored where:
+layout.py; the scripts the server runs: scripts.py; connecting and a round of
+script calls: client.py. Forgetting pages online, and what is held per namespace:
+forget.py.
 """
 
 from __future__ import annotations
@@ -54,11 +54,11 @@ from stream_dedup.index.base import (
     near_candidates,
     weak_candidates,
 )
-from stream_dedup.index.redis_client import Observe, connect
-from stream_dedup.index.redis_forget import Lifecycle
-from stream_dedup.index.redis_layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
-from stream_dedup.index.redis_lease import Leases
-from stream_dedup.index.redis_reads import NO_MEMBERS
+from stream_dedup.index.redis.client import Observe, connect
+from stream_dedup.index.redis.forget import Lifecycle
+from stream_dedup.index.redis.layout import BUCKETS, FORMAT, SHARDS, Layout, decode_decision
+from stream_dedup.index.redis.lease import Leases
+from stream_dedup.index.redis.reads import NO_MEMBERS
 from stream_dedup.models import position_id
 
 log = logging.getLogger("stream_dedup.index")

@@ -1,0 +1,96 @@
+"""A secured broker, in aiokafka's terms: the keyword arguments every client of ours takes
+(SASL and TLS from the settings, security.py), and what a refusal at start means, in one
+line that names the setting to fix (a wrong password is not retried like a broker that is
+down: it would fail the same way forever).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+
+from aiokafka.abc import AbstractTokenProvider
+from aiokafka.helpers import create_ssl_context
+
+from stream_dedup.config import Settings
+from stream_dedup.errors import ConfigError
+from stream_dedup.security import KafkaSecurity, kafka_security, read_secret, scrub
+
+log = logging.getLogger("stream_dedup.kafka")
+
+
+class FileToken(AbstractTokenProvider):  # type: ignore[misc]
+    """OAUTHBEARER: the token in a file, read at every login (a rotated token is used as
+    soon as it is written, as Kubernetes projects service account tokens)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def token(self) -> str:
+        return await asyncio.to_thread(read_secret, self.path, "kafka_sasl_oauth_token_file")
+
+
+def security_kwargs(s: Settings) -> dict[str, Any]:
+    """aiokafka's security arguments for settings `s` (nothing for PLAINTEXT)."""
+    sec = kafka_security(s)
+    if sec.protocol == "PLAINTEXT":
+        return {}
+    kwargs: dict[str, Any] = {"security_protocol": sec.protocol}
+    if sec.tls:
+        kwargs["ssl_context"] = ssl_context(sec)
+    if sec.sasl:
+        kwargs["sasl_mechanism"] = sec.mechanism
+        if sec.mechanism == "OAUTHBEARER":
+            kwargs["sasl_oauth_token_provider"] = FileToken(sec.oauth_token_file)
+        else:
+            kwargs["sasl_plain_username"] = sec.username
+            kwargs["sasl_plain_password"] = sec.password
+    return kwargs
+
+
+def ssl_context(sec: KafkaSecurity) -> ssl.SSLContext:
+    """The TLS context: the CA file (else the system's store), a client certificate if
+    given, host names checked unless turned off. A file that is not what it should be is a
+    ConfigError naming the setting."""
+    try:
+        context = create_ssl_context(cafile=sec.cafile or None, certfile=sec.certfile or None,
+                                     keyfile=sec.keyfile or None,
+                                     password=sec.key_password or None)
+    except ssl.SSLError as exc:
+        what = ("kafka_ssl_cafile" if "x509" in str(exc).lower() and not sec.certfile else
+                "kafka_ssl_certfile / kafka_ssl_keyfile / the key's password")
+        raise ConfigError(scrub(f"Kafka TLS: cannot load {what}: {exc}", sec.secrets())) \
+            from None
+    if sec.cafile == "":
+        context.load_default_certs()
+    context.check_hostname = sec.check_hostname
+    return context
+
+
+def explain(exc: BaseException, s: Settings) -> str | None:
+    """One line for a refusal at start that no retry gets past (a wrong password, a
+    certificate not trusted, a TLS port spoken to in plain text ...), naming the setting to
+    fix; None for anything else (a broker that is down is waited for, as before)."""
+    sec = kafka_security(s)
+    text = scrub(f"{type(exc).__name__}: {exc}", sec.secrets())
+    chain = [exc, exc.__cause__, exc.__context__]
+    if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain) \
+            or "CERTIFICATE_VERIFY_FAILED" in text:
+        if "mismatch" in text:
+            return (f"Kafka TLS: the broker's certificate names another host ({text}); connect "
+                    "by a name the certificate has (bootstrap_servers), or, for a test "
+                    "broker only, --no-kafka-ssl-check-hostname")
+        return (f"Kafka TLS: the broker's certificate is not signed by "
+                f"{sec.cafile or 'a CA of the system store'} ({text}): give its CA as "
+                "kafka_ssl_cafile")
+    name = type(exc).__name__
+    if "Authentication" in name or "SaslAuthentication" in text or "authentication" in \
+            text.lower():
+        return (f"Kafka refused the credentials of {sec.username or 'this client'} "
+                f"({sec.mechanism or sec.protocol}; {text}): check kafka_sasl_username, the "
+                "password and kafka_sasl_mechanism")
+    if "Authorization" in name:
+        return f"Kafka refused an operation: {text}"
+    return None

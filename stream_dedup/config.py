@@ -17,6 +17,7 @@ from typing import Any
 
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import ConfigError
+from stream_dedup.security import read_properties, read_secret
 
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
@@ -113,15 +114,36 @@ class Settings:
     exactly_once: bool = False
     changelog_topic: str = ""  # "": "<group_id>-index-changelog"
     transaction_timeout_s: float = 60.0  # the broker aborts a transaction open this long
+    # --- connecting to a secured Kafka (security.py; every command that talks to Kafka) ---
+    # A Kafka client properties file (security.protocol, sasl.mechanism, sasl.jaas.config,
+    # ssl.* as Kafka's own tools take them), read under the environment and the flags
+    kafka_properties: str = ""
+    kafka_security_protocol: str = "PLAINTEXT"  # | SSL | SASL_PLAINTEXT | SASL_SSL
+    kafka_sasl_mechanism: str = ""  # PLAIN | SCRAM-SHA-256 | SCRAM-SHA-512 | OAUTHBEARER
+    kafka_sasl_username: str = ""
+    # Secrets (repr=False, and no flag: a command line is visible to every user): the
+    # environment or the config file, or a file named by the *_file setting
+    kafka_sasl_password: str = field(default="", repr=False)
+    kafka_sasl_password_file: str = ""
+    kafka_sasl_oauth_token_file: str = ""  # OAUTHBEARER: the token, read at every login
+    kafka_ssl_cafile: str = ""  # PEM; "": the system's CA store
+    kafka_ssl_certfile: str = ""  # a client certificate (PEM), for mutual TLS
+    kafka_ssl_keyfile: str = ""
+    kafka_ssl_key_password: str = field(default="", repr=False)
+    kafka_ssl_key_password_file: str = ""
+    kafka_ssl_check_hostname: bool = True
     # --- the HTTP API (/metrics, /healthz, /readyz, /v1/check, /v1/stats) ---
     http_host: str = "127.0.0.1"
     http_port: int = 8080  # 0: no HTTP server
     http_token: str = field(default="", repr=False)  # bearer token for /v1/*; empty: open
+    http_token_file: str = ""  # the token from this file instead
     stall_seconds: float = 120.0  # /readyz fails when records wait and no batch finished since
     # --- the index ---
     index: str = "memory"  # memory | lsm | redis
     index_path: str = ""  # the LSM directory (required with index = "lsm")
-    redis_url: str = ""  # a Redis Cluster node or a single Redis (required with index = "redis")
+    # a Redis Cluster node or a single Redis (required with index = "redis"); repr=False:
+    # it may hold a password
+    redis_url: str = field(default="", repr=False)
     # Redis: the index's set buckets (strings), this many per hash tag (1,024
     # tags); fixed when the index is made. A record bucket holds 4 x pages held / (1,024 x
     # buckets) records: keep that near 80, under Redis's 128 (docs/scale-out.md)
@@ -129,7 +151,15 @@ class Settings:
     # Redis: where kept pages' verification records go (read only to verify; with their
     # shingle sets ~5.2 KB of Redis RAM a mean web page, ~730 bytes without): another
     # Redis-protocol store, e.g. Kvrocks on SSD; "": the index's own
-    redis_records_url: str = ""
+    redis_records_url: str = field(default="", repr=False)
+    # Redis AUTH and TLS (a password in a URL wins over these; TLS: rediss:// URLs)
+    redis_username: str = ""  # an ACL user
+    redis_password: str = field(default="", repr=False)
+    redis_password_file: str = ""
+    redis_ssl_cafile: str = ""
+    redis_ssl_certfile: str = ""
+    redis_ssl_keyfile: str = ""
+    redis_ssl_check_hostname: bool = True
     warm_from: str = ""  # memory index: start with the pages of this LSM index (a snapshot)
     # memory index: where what only verification reads (sketch, shingle set, LD signature:
     # ~640 bytes + 4 a shingle up to 8,192, ~5 KB a mean web page) lives: "disk", an
@@ -292,11 +322,16 @@ class Settings:
         values: dict[str, Any] = {}
         if config_file is not None:
             values.update(_read_file(Path(config_file)))
-        for name in cls.names():
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None:
-                values[name] = raw
-        values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        given = {name: env[ENV_PREFIX + name.upper()] for name in cls.names()
+                 if ENV_PREFIX + name.upper() in env}
+        given.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        properties = given.get("kafka_properties", values.get("kafka_properties"))
+        if properties:  # over the config file, under the environment and the flags
+            values.update(read_properties(str(properties)))
+        values.update(given)
+        if values.get("http_token_file"):
+            values["http_token"] = read_secret(str(values["http_token_file"]),
+                                               "http_token_file")
         return cls(**{k: _coerce(k, v) for k, v in values.items()})
 
 

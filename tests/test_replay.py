@@ -20,6 +20,7 @@ from warcgen import split_cases
 from stream_dedup import Deduplicator, Settings
 from stream_dedup.cli.main import main
 from stream_dedup.cli.sample import build, write_sample
+from stream_dedup.cli.settings import SECRETS
 from stream_dedup.metrics import Metrics
 from stream_dedup.replay.run import EARLY_START_BYTES, replay
 from stream_dedup.sinks.files import MemorySink
@@ -308,8 +309,8 @@ def test_serve_help_shows_every_setting_with_its_env_variable_and_default(
             continue
         env = f"STREAM_DEDUP_{f.name.upper()}"
         assert env in text, f.name
-        if f.name == "http_token":  # a secret: environment or config file, never a flag
-            assert "--http-token" not in text
+        if f.name in SECRETS:  # environment, config file or a file, never a flag
+            assert "--" + f.name.replace("_", "-") + " " not in text, f.name
             continue
         flag = "--" + f.name.replace("_", "-")
         assert f"{flag} " in text, f.name

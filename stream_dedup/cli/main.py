@@ -22,6 +22,7 @@ from stream_dedup.cli.settings import setting_flags, settings_of
 from stream_dedup.config import Settings
 from stream_dedup.errors import ConfigError, StreamDedupError
 from stream_dedup.runner.signals import SIGNALS
+from stream_dedup.security import kafka_security
 from stream_dedup.version import __version__
 from stream_dedup.workers.heap import keep_heap
 from stream_dedup.workers.table_cache import load_tables
@@ -103,6 +104,7 @@ def _serve(args: argparse.Namespace) -> int:
     load_tables()
     faults = Faults.parse(args.crash_at, exit=True) if args.crash_at else None
     settings = settings_of(args)
+    kafka_security(settings)  # settings that do not agree: one line, before connecting
     _settle_gc()
     if SIGNALS.first is not None:  # installed by the package's import (runner/signals.py)
         return 0
@@ -158,6 +160,8 @@ def _replay(args: argparse.Namespace) -> int:
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     if args.to_kafka:
         from stream_dedup.kafka.service import push
+
+        kafka_security(settings)
 
         _logging("info")
         stats = asyncio.run(push(settings, args.to_kafka, args.inputs, progress,

@@ -10,6 +10,12 @@ from dataclasses import dataclass, fields
 
 from stream_dedup.config import ENV_PREFIX, Settings
 from stream_dedup.core.sketch import FAMILIES
+from stream_dedup.security import KAFKA_PROTOCOLS, SASL_MECHANISMS
+
+# Secrets: from the environment, the config file or a file (the *_file flags), never a flag
+# (a command line is visible to every user of the machine: ps). --help names their variables
+# in the groups' titles.
+SECRETS = ("http_token", "kafka_sasl_password", "kafka_ssl_key_password", "redis_password")
 
 
 @dataclass(frozen=True)
@@ -27,9 +33,7 @@ class Flag:
 
 # Every setting `serve` uses, by group, in the order --help shows them. Each flag's help
 # ends with its environment variable and its default, from Settings itself
-# (tests/test_replay.py checks that every setting is here). http_token has no flag: on a
-# command line it would be visible to every user of the machine (ps); it comes from the
-# environment or the config file, and the HTTP group's title says so.
+# (tests/test_replay.py checks that every setting is here, and SECRETS have no flag).
 SETTING_FLAGS: dict[str, list[Flag]] = {
     "filter (Broder's 6 features of 14 min-hashes, r=2; the first six and ld_c/ld_n are "
     "stamped into a persistent index)": [
@@ -175,6 +179,42 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("transaction_timeout_s", "the broker aborts a transaction open longer than "
              "this (a stalled instance's batch comes again)", "S", serve_only=True),
     ],
+    "Kafka security (every command that talks to Kafka): a client properties file, or "
+    "these; passwords from STREAM_DEDUP_KAFKA_SASL_PASSWORD and "
+    "STREAM_DEDUP_KAFKA_SSL_KEY_PASSWORD, the config file or the *-file flags, never a "
+    "flag": [
+        Flag("kafka_properties", "a Kafka client properties file as Kafka's own tools take "
+             "it (security.protocol, sasl.mechanism, sasl.jaas.config, ssl.truststore."
+             "location with type PEM, librdkafka's sasl.username/ssl.ca.location ...); a key "
+             "it cannot map is refused by name; the flags and environment win over it",
+             "FILE"),
+        Flag("kafka_security_protocol", "how to reach the brokers", choices=KAFKA_PROTOCOLS),
+        Flag("kafka_sasl_mechanism", "SASL mechanism (SASL_* protocols)",
+             choices=SASL_MECHANISMS),
+        Flag("kafka_sasl_username", "SASL user (PLAIN, SCRAM)", "USER"),
+        Flag("kafka_sasl_password_file", "read the SASL password from FILE (a mounted "
+             "Kubernetes Secret)", "FILE"),
+        Flag("kafka_sasl_oauth_token_file", "OAUTHBEARER: the token, read from FILE at every "
+             "login (so a rotated token is picked up)", "FILE"),
+        Flag("kafka_ssl_cafile", "the CA (PEM) that signed the brokers' certificates "
+             "(default: the system's store)", "FILE"),
+        Flag("kafka_ssl_certfile", "client certificate (PEM), for mutual TLS", "FILE"),
+        Flag("kafka_ssl_keyfile", "its private key (PEM)", "FILE"),
+        Flag("kafka_ssl_key_password_file", "the private key's password, from FILE", "FILE"),
+        Flag("kafka_ssl_check_hostname", "check that a broker's certificate names the host "
+             "connected to (off only for a test broker)"),
+    ],
+    "Redis security (--index redis): a password in the URL (redis://USER:PASSWORD@HOST:PORT), "
+    "or from STREAM_DEDUP_REDIS_PASSWORD, the config file or --redis-password-file, never a "
+    "flag; TLS: rediss:// URLs": [
+        Flag("redis_username", "ACL user (Redis 6+)", "USER"),
+        Flag("redis_password_file", "read the password from FILE", "FILE"),
+        Flag("redis_ssl_cafile", "rediss://: the CA (PEM) of the nodes' certificates", "FILE"),
+        Flag("redis_ssl_certfile", "rediss://: client certificate (PEM)", "FILE"),
+        Flag("redis_ssl_keyfile", "rediss://: its private key (PEM)", "FILE"),
+        Flag("redis_ssl_check_hostname", "rediss://: check that a node's certificate names "
+             "the host connected to"),
+    ],
     "throughput": [
         Flag("batch_size", "records decided, delivered and committed together", "N"),
         Flag("workers", "cores for parsing and sketching: the deciding thread and N-1 "
@@ -184,6 +224,7 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
     "/v1/* from STREAM_DEDUP_HTTP_TOKEN or the config file's http_token, never a flag "
     "(default: none, the API is open)": [
         Flag("http_host", "address to listen on (0.0.0.0 in a container)", "ADDR"),
+        Flag("http_token_file", "read the bearer token from FILE", "FILE"),
         Flag("http_port", "port to listen on, 0 = off", "PORT",
              replay_help="serve the HTTP API on PORT while replaying (default: off)"),
         Flag("stall_seconds", "/readyz fails when records wait and no batch finished for "

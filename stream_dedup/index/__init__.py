@@ -65,6 +65,7 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
         return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key)
     if s.index == "redis":
         from stream_dedup.index.redis.backend import RedisIndex
+        from stream_dedup.security import redis_security
 
         if s.verify_exact and not s.redis_records_url:
             log.warning("the verification records go to the index's Redis, each with its page's "
@@ -79,7 +80,8 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                           buckets=s.redis_buckets,
                           contain=(s.contain_keys if s.contains_on else 0, s.contain_common,
                                    s.contain_max_candidates),
-                          records_url=s.redis_records_url, observe=observe)
+                          records_url=s.redis_records_url, observe=observe,
+                          security=redis_security(s))
     return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
                                       Path(s.index_path) if s.index_path else None)
 

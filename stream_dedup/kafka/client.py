@@ -10,8 +10,8 @@ Things aiokafka does not do by itself, each reproduced against a real broker:
 - **A record it cannot read.** A header key that is not UTF-8 makes aiokafka's record
   reader raise inside `getmany`, for that record on every fetch: the stream stops for good.
   `tolerating.ToleratingRecords` reads batches with aiokafka's fast reader and, for a
-  batch it refuses, goes on with `sources.records.read_batch` (header keys decoded with
-  `surrogateescape`), so the record arrives and `sources.kafka` turns it into a
+  batch it refuses, goes on with `batches.read_batch` (header keys decoded with
+  `surrogateescape`), so the record arrives and `messages.py` turns it into a
   `bad-header` dead letter.
 - **A broker that is down.** A failed metadata update is retried at once, and the fetcher
   and the sender wait on that retry in loops: with the broker stopped the process spun at
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -37,6 +38,8 @@ from aiokafka import errors as kafka_errors
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 
 from stream_dedup.config import Settings
+from stream_dedup.errors import ConfigError
+from stream_dedup.kafka.secure import explain, security_kwargs
 from stream_dedup.kafka.tolerating import install_tolerating_reader
 from stream_dedup.runner.edges import Abandoned, pause
 
@@ -64,6 +67,7 @@ def consumer_kwargs(s: Settings) -> dict[str, Any]:
         "max_partition_fetch_bytes": max(1_048_576, s.max_page_bytes + 65_536),
         "fetch_max_bytes": 64 * 1024 * 1024,
         "isolation_level": "read_committed",
+        **security_kwargs(s),
     }
 
 
@@ -78,6 +82,7 @@ def producer_kwargs(s: Settings, max_batch: int = DEFAULT_BATCH) -> dict[str, An
         # messages packed together must stay under the smallest limit (Limits.batch).
         "max_batch_size": max_batch,
         "compression_type": None,
+        **security_kwargs(s),
     }
 
 
@@ -195,18 +200,24 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Event,
-                failed: Callable[[KafkaError], None] | None = None) -> T:
+                failed: Callable[[KafkaError], None] | None = None,
+                settings: Settings | None = None) -> T:
     """Run `attempt` until it succeeds, with exponential backoff, logging (and telling
     `failed` about) every failure. A non-retriable error is raised as it is; a stop during
-    the backoff raises Abandoned."""
+    the backoff raises Abandoned. With `settings`, a refusal no retry gets past (a wrong
+    password, a certificate not trusted: kafka/secure.py `explain`) raises ConfigError,
+    one line naming the setting to fix."""
     delay = 0.5
     while True:
         try:
             return await attempt()
-        except KafkaError as exc:
-            if failed is not None:
+        except (KafkaError, ssl.SSLError) as exc:
+            if failed is not None and isinstance(exc, KafkaError):
                 failed(exc)
-            if not is_retriable(exc):
+            line = explain(exc, settings) if settings is not None else None
+            if line is not None:
+                raise ConfigError(line) from None
+            if not isinstance(exc, KafkaError) or not is_retriable(exc):
                 raise
             if stop.is_set():
                 raise Abandoned(what) from exc

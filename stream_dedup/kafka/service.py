@@ -50,6 +50,7 @@ from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
 from stream_dedup.runner.edges import Abandoned, Faults, pause, within_grace
 from stream_dedup.runner.loop import Runner, RunStats
 from stream_dedup.runner.signals import SIGNALS
+from stream_dedup.security import kafka_security
 from stream_dedup.sources.stats import SourceStats
 
 log = logging.getLogger("stream_dedup.service")
@@ -200,7 +201,7 @@ class Service:
             batch = sink.limits.batch(self._output_topics())
             fresh = make_producer(settings, lambda: m.kafka_error("metadata"), batch)
             await retry("connecting the producer", lambda: within_grace(fresh.start(), stop),
-                        stop, lambda _: m.kafka_error("connect"))
+                        stop, lambda _: m.kafka_error("connect"), settings)
             if batch < DEFAULT_BATCH:
                 log.info("producer batches of at most %d bytes (the smallest output topic "
                          "limit)", batch)
@@ -221,16 +222,21 @@ class Service:
             sink = KafkaSink(settings, None, m, new_producer=new_producer)
         runner = self.runner = Runner(
             settings, dedup, source, sink, pool, m, faults=self.faults, stats=stats)
+        security = kafka_security(settings)
         log.info("stream-dedup serve: %s -> decisions %s, kept %s, dead letters %s (group %s, "
-                 "broker %s, %d worker(s)%s)", settings.input_topic, settings.decisions_topic,
-                 settings.kept_topic or "(off)", settings.dead_letter_topic, settings.group_id,
-                 settings.bootstrap_servers, settings.workers,
+                 "broker %s, %s, %d worker(s)%s)", settings.input_topic,
+                 settings.decisions_topic, settings.kept_topic or "(off)",
+                 settings.dead_letter_topic, settings.group_id, settings.bootstrap_servers,
+                 security.describe(), settings.workers,
                  ", exactly-once" if settings.exactly_once else "")
+        if security.protocol == "SASL_PLAINTEXT" and security.mechanism == "PLAIN":
+            log.warning("SASL PLAIN over SASL_PLAINTEXT: the password crosses the network "
+                        "unencrypted (SASL_SSL encrypts it)")
         try:
             # A stop cuts a start short: a hung broker can hold one for 40 s.
             await retry(f"connecting the consumer to {settings.bootstrap_servers}",
                         lambda: within_grace(consumer.start(), stop), stop,
-                        lambda _: m.kafka_error("connect"))
+                        lambda _: m.kafka_error("connect"), settings)
             # Topics before the subscription: a topic the consumer asks for first is made
             # by the broker's auto-creation, if at all, after an ERROR in the log.
             # Each admin request ends within the stop's grace (a broker that hangs).
@@ -337,7 +343,8 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
 
     producer = make_producer(settings, lambda: None)
     stop = asyncio.Event()
-    await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop)
+    await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop,
+                settings=settings)
     sent = skipped = 0
     stats = SourceStats()
     if records:

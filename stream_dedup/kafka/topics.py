@@ -28,6 +28,7 @@ from aiokafka.errors import KafkaError
 from stream_dedup.config import Settings
 from stream_dedup.errors import ConfigError
 from stream_dedup.kafka.client import DEFAULT_BATCH, DEFAULT_MESSAGE_MAX, PRODUCER_MAX_REQUEST
+from stream_dedup.kafka.secure import security_kwargs
 
 log = logging.getLogger("stream_dedup.kafka")
 
@@ -59,7 +60,7 @@ async def ensure_topics(s: Settings, topics: list[str], compacted: Sequence[str]
     cleanup.policy=compact (the index's changelog); the ones created. One that cannot be
     created (no ACL, an old broker) is logged with what to do, not fatal: the broker may
     still create it on first use."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers, **security_kwargs(s))
     try:
         await asyncio.wait_for(admin.start(), 10)
         existing = set(await asyncio.wait_for(admin.list_topics(), 10))
@@ -103,7 +104,7 @@ async def check_changelog(s: Settings) -> None:
     (a topic that does not exist yet is made so by ensure_topics). An answer the broker will
     not give (an ACL, an old broker) is logged, not fatal."""
     topic = s.changelog()
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers, **security_kwargs(s))
     policy: str | None = None
     try:
         await asyncio.wait_for(admin.start(), 10)
@@ -150,7 +151,7 @@ async def read_limits(s: Settings, topics: list[str]) -> Limits:
     (a topic created later on first use gets the broker's). Kafka's defaults if the broker
     will not say (an ACL, an old broker): logged, not fatal."""
     limits = Limits()
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.bootstrap_servers, **security_kwargs(s))
     try:
         await asyncio.wait_for(admin.start(), 10)
         cluster = await asyncio.wait_for(admin.describe_cluster(), 10)

@@ -60,6 +60,7 @@ from stream_dedup.index.redis.layout import BUCKETS, FORMAT, SHARDS, Layout, dec
 from stream_dedup.index.redis.lease import Leases
 from stream_dedup.index.redis.reads import NO_MEMBERS
 from stream_dedup.models import position_id
+from stream_dedup.security import RedisSecurity
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -82,8 +83,9 @@ class RedisIndex(Lifecycle):
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
                  groups: int = 6, buckets: int = BUCKETS, records_url: str = "",
                  contain: tuple[int, int, int] = (2, 8, 2),
-                 observe: Observe | None = None, client: Any = None) -> None:
-        super().__init__(url, client, observe)
+                 observe: Observe | None = None, client: Any = None,
+                 security: RedisSecurity | None = None) -> None:
+        super().__init__(url, client, observe, security)
         self.stamp = stamp
         self.cap = max_posting
         self.threshold, self.max_candidates = threshold, max_candidates
@@ -94,7 +96,7 @@ class RedisIndex(Lifecycle):
         self.layout = Layout(buckets)
         # Another store for the verification records (None: the index's own): written in a
         # round trip before the records turn KEEP, so no instance finds one KEEP without it.
-        self.records = connect(records_url) if records_url else None
+        self.records = connect(records_url, security) if records_url else None
         self._unkept: OrderedDict[int, None] = OrderedDict()  # written there, not kept yet
         # So far: pages told to wait for an older page decided elsewhere, claims lost
         # (decided again): the protocol at work, for benchmarks (and round_trips).

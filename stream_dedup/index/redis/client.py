@@ -15,6 +15,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import (
+    AuthenticationError,
     NoScriptError,
     RedisClusterException,
     RedisError,
@@ -37,6 +38,7 @@ from stream_dedup.index.redis.layout import (
 )
 from stream_dedup.index.redis.record_scripts import RECORD_SCRIPTS
 from stream_dedup.index.redis.scripts import SET_SCRIPTS
+from stream_dedup.security import RedisSecurity, redact, scrub
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -64,17 +66,25 @@ def shard_of(key: bytes) -> int:
     return int(key[1 : key.index(b"}")])
 
 
-def connect(url: str) -> redis.Redis | RedisCluster:
+def connect(url: str, security: RedisSecurity | None = None) -> redis.Redis | RedisCluster:
     """A cluster client when the node at `url` is in cluster mode, else a plain one. `url`
     may list several seeds, comma-separated (redis://a:7000,redis://b:7000): the first that
-    answers is used (a cluster's client learns the other nodes from it)."""
+    answers is used (a cluster's client learns the other nodes from it). `security`: AUTH
+    and TLS beyond what the URL says. An error names the URL without its password."""
+    security = security or RedisSecurity()
     errors = []
     for seed in (u.strip() for u in url.split(",") if u.strip()):
         try:
-            plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5)
+            extra = security.client_kwargs(seed)
+            plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
+                                         **extra)
             enabled = plain.info("cluster").get("cluster_enabled", 0)
+        except AuthenticationError as exc:
+            raise ConfigError(f"Redis at {redact(seed)} refused the credentials ({exc}): check "
+                              "the user and password (in the URL, redis_username, "
+                              "redis_password or redis_password_file)") from None
         except (RedisError, ValueError) as exc:
-            errors.append(f"{seed}: {exc}")
+            errors.append(f"{redact(seed)}: {_why(exc)}")
             continue
         if not enabled:
             return plain
@@ -83,10 +93,26 @@ def connect(url: str) -> redis.Redis | RedisCluster:
         # runner's to wait out, batch by batch (IndexUnavailable).
         try:
             return RedisCluster.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
-                                         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2))
+                                         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2),
+                                         **extra)
         except (RedisError, RedisClusterException) as exc:
-            errors.append(f"{seed}: {exc}")
-    raise ConfigError(f"cannot reach Redis at {url}: {'; '.join(errors) or 'no address'}")
+            errors.append(f"{redact(seed)}: {_why(exc)}")
+    raise ConfigError(scrub(f"cannot reach Redis at {redact(url)}: "
+                            f"{'; '.join(errors) or 'no address'}", security.secrets(url)))
+
+
+def _why(exc: BaseException) -> str:
+    """What went wrong, and for a TLS failure the setting that decides it."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        if "mismatch" in text:  # "Hostname mismatch", "IP address mismatch"
+            return (f"TLS: the node's certificate names another host ({text}); connect by "
+                    "a name it has, or turn off redis_ssl_check_hostname for a test")
+        return (f"TLS: the node's certificate is not signed by a CA trusted here ({text}); "
+                "give its CA as redis_ssl_cafile")
+    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+        return f"TLS: the port does not speak TLS ({text}); use redis:// for it"
+    return text
 
 
 Observe = Callable[[str, float, bool], None]  # operation, seconds, failed
@@ -96,10 +122,11 @@ class ScriptClient:
     """Script calls on a Redis (Cluster), a round trip at a time, timed and counted; and
     what an operator asks of it (ping, its configuration; stats: forget.py)."""
 
-    def __init__(self, url: str, client: Any, observe: Observe | None) -> None:
-        self.url = url
+    def __init__(self, url: str, client: Any, observe: Observe | None,
+                 security: RedisSecurity | None = None) -> None:
+        self.url = redact(url)  # as it is printed: without a password
         self.observe: Observe = observe or (lambda op, s, failed: None)
-        self.client = client if client is not None else connect(url)
+        self.client = client if client is not None else connect(url, security)
         self.records: Any = None  # another store for the verification records (backend.py)
         self.listpack_value = LISTPACK_VALUE  # (_check_config)
         self.round_trips = 0  # pipelined round trips so far

@@ -5,8 +5,10 @@ Every decision made in this process is checked against docs/decision.schema.json
 is made (schemakit.py); a test during which a bad one was made fails.
 
 If STREAM_DEDUP_TEST_BOOTSTRAP / STREAM_DEDUP_TEST_REDIS are set (as tests/run does) the tests
-use that broker / cluster; otherwise the first test that needs one starts it in a temporary
-directory on free ports below the ephemeral range and stops it at the end of the session.
+use that broker / cluster (and STREAM_DEDUP_TEST_SECURE_KAFKA / STREAM_DEDUP_TEST_SECURE_REDIS:
+the directory of a secure one, securekit_*.py); otherwise the first test that needs one
+starts it in a temporary directory on free ports below the ephemeral range and stops it at
+the end of the session.
 A broker or cluster that cannot be started is an error, not a skip.
 """
 
@@ -23,6 +25,7 @@ from typing import Any
 import pytest
 from opskit import free_broker_port, free_redis_ports
 from schemakit import WATCH
+from securekit_kafka import secure_kafka_fixture  # noqa: F401 (the fixture secure_kafka)
 
 REPO = Path(__file__).resolve().parents[1]
 

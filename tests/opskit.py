@@ -116,6 +116,16 @@ def free_broker_port(taken: int = 0) -> int:
     raise RuntimeError(f"no free port on 127.0.0.1 below {low}")
 
 
+def free_broker_ports(count: int) -> list[int]:
+    """COUNT distinct free ports, each as free_broker_port picks it."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_broker_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def free_redis_ports(count: int) -> int:
     """The first of COUNT consecutive free ports for deploy/redis-local: each, and its cluster
     bus port (+10000), free and below the ephemeral range (see free_broker_port)."""

@@ -36,9 +36,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAuthorizationFailedError
-from securekit_kafka import SecureKafka, secure_kafka_fixture
-
-assert secure_kafka_fixture  # the fixture `secure_kafka`, registered by importing it
+from securekit_kafka import SecureKafka
 
 pytestmark = pytest.mark.kafka
 

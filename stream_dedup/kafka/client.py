@@ -207,14 +207,15 @@ async def retry(what: str, attempt: Callable[[], Awaitable[T]], stop: asyncio.Ev
     the backoff raises Abandoned. With `settings`, a refusal no retry gets past (a wrong
     password, a certificate not trusted: kafka/secure.py `explain`) raises ConfigError,
     one line naming the setting to fix."""
-    delay = 0.5
+    delay, attempts = 0.5, 0
     while True:
         try:
             return await attempt()
         except (KafkaError, ssl.SSLError) as exc:
+            attempts += 1
             if failed is not None and isinstance(exc, KafkaError):
                 failed(exc)
-            line = explain(exc, settings) if settings is not None else None
+            line = explain(exc, settings, attempts) if settings is not None else None
             if line is not None:
                 raise ConfigError(line) from None
             if not isinstance(exc, KafkaError) or not is_retriable(exc):

@@ -2,13 +2,20 @@
 (SASL and TLS from the settings, security.py), and what a refusal at start means, in one
 line that names the setting to fix (a wrong password is not retried like a broker that is
 down: it would fail the same way forever).
+
+aiokafka says why it could not connect only in its log: `start()` raises "Unable to
+bootstrap from [...]" with no cause, whatever happened (measured with aiokafka 0.14 against
+deploy/kafka-local's secure listeners: a wrong password, an unknown CA, a host name
+mismatch, a plain-text client on a TLS port). `REFUSALS` keeps the last reason it logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
+import time
 from typing import Any
 
 from aiokafka.abc import AbstractTokenProvider
@@ -19,6 +26,32 @@ from stream_dedup.errors import ConfigError
 from stream_dedup.security import KafkaSecurity, kafka_security, read_secret, scrub
 
 log = logging.getLogger("stream_dedup.kafka")
+FRESH_S = 30.0  # a logged reason this recent explains a failed start
+CLOSED_ATTEMPTS = 3  # "connection closed" this often in a row at start: not a broker restart
+
+
+class Refusals(logging.Handler):
+    """The last reason aiokafka logged for a connection it could not make."""
+
+    PATTERN = re.compile(r'Unable connect to "([^"]*)": (.*)', re.DOTALL)
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.last: tuple[float, str, str] | None = None  # when, host, reason
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = self.PATTERN.match(record.getMessage())
+        if m:
+            self.last = (time.monotonic(), m.group(1), m.group(2))
+
+    def recent(self) -> str | None:
+        if self.last is None or time.monotonic() - self.last[0] > FRESH_S:
+            return None
+        return f"{self.last[1]}: {self.last[2]}"
+
+
+REFUSALS = Refusals()
+logging.getLogger("aiokafka").addHandler(REFUSALS)
 
 
 class FileToken(AbstractTokenProvider):  # type: ignore[misc]
@@ -69,12 +102,23 @@ def ssl_context(sec: KafkaSecurity) -> ssl.SSLContext:
     return context
 
 
-def explain(exc: BaseException, s: Settings) -> str | None:
+def explain(exc: BaseException, s: Settings, attempts: int = 1) -> str | None:
     """One line for a refusal at start that no retry gets past (a wrong password, a
     certificate not trusted, a TLS port spoken to in plain text ...), naming the setting to
-    fix; None for anything else (a broker that is down is waited for, as before)."""
+    fix; None for anything else (a broker that is down is waited for, as before).
+    `attempts`: how many times in a row the start failed so."""
     sec = kafka_security(s)
     text = scrub(f"{type(exc).__name__}: {exc}", sec.secrets())
+    reason = REFUSALS.recent() if "Unable to bootstrap" in str(exc) else None
+    if reason is not None:
+        text = scrub(reason, sec.secrets())
+        if "closed" in reason and "Connection at" in reason:
+            if attempts < CLOSED_ATTEMPTS:
+                return None
+            return (f"Kafka closed every connection at once ({text}): a TLS listener "
+                    f"spoken to as {sec.protocol}, or one that wants a client certificate? "
+                    "Check kafka_security_protocol (SSL or SASL_SSL for a TLS port) and "
+                    "kafka_ssl_certfile")
     chain = [exc, exc.__cause__, exc.__context__]
     if any(isinstance(e, ssl.SSLCertVerificationError) for e in chain) \
             or "CERTIFICATE_VERIFY_FAILED" in text:
@@ -92,5 +136,19 @@ def explain(exc: BaseException, s: Settings) -> str | None:
                 f"({sec.mechanism or sec.protocol}; {text}): check kafka_sasl_username, the "
                 "password and kafka_sasl_mechanism")
     if "Authorization" in name:
-        return f"Kafka refused an operation: {text}"
+        return _refused_operation(name, text, sec.username or "this client", s)
     return None
+
+
+def _refused_operation(name: str, text: str, user: str, s: Settings) -> str:
+    """What an authorization error refused, and the ACL that allows it (Kafka's names)."""
+    what = {
+        "ClusterAuthorizationFailedError": "IdempotentWrite on the cluster (the producers "
+        "are idempotent, so that a retry does not duplicate an output)",
+        "GroupAuthorizationFailedError": f"Read on the consumer group {s.group_id}",
+        "TransactionalIdAuthorizationFailed": f"Write on the transactional ids {s.group_id}-* "
+        "(--exactly-once)",
+        "TopicAuthorizationFailedError": "Read on the input topic / Write on the output topics "
+        "named",
+    }.get(name, "an operation")
+    return f"Kafka refused {user} {what} ({text}): grant it with kafka-acls.sh"

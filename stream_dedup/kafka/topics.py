@@ -51,6 +51,7 @@ class Limits:
 
 # --- topics ----------------------------------------------------------------------------------
 TOPIC_ALREADY_EXISTS = 36  # another instance created it meanwhile: as good as created
+TOPIC_AUTHORIZATION_FAILED = 29
 
 
 async def ensure_topics(s: Settings, topics: list[str], compacted: Sequence[str] = ()
@@ -81,6 +82,10 @@ async def ensure_topics(s: Settings, topics: list[str], compacted: Sequence[str]
                 log.info("created topic %s (the broker's default partitions and replication; "
                          "to choose them, create it beforehand: kafka-topics.sh --create "
                          "--topic %s --partitions N ...)", topic, topic)
+            elif code == TOPIC_AUTHORIZATION_FAILED:
+                log.error("topic %s does not exist, and this user may not create it (error "
+                          "29, Create on the topic not allowed): create it with kafka-topics"
+                          ".sh --create --topic %s, or grant Create", topic, topic)
             else:
                 log.error("topic %s does not exist and could not be created (error %d: %s); "
                           "create it with kafka-topics.sh --create --topic %s", topic, code,

@@ -61,7 +61,7 @@ def flush_redis(url: str) -> None:
     README asks for a Redis of the tests' own."""
     from redis.cluster import RedisCluster
 
-    from stream_dedup.index.redis.backend import connect
+    from stream_dedup.index.redis.client import connect
 
     client = connect(url)
     if isinstance(client, RedisCluster):

@@ -144,7 +144,7 @@ def test_redis_index_with_a_records_store_gives_the_golden_decisions(
     production): the same decisions, and the index's own Redis holds none of them."""
     from redis.cluster import RedisCluster
 
-    from stream_dedup.index.redis.backend import connect
+    from stream_dedup.index.redis.client import connect
 
     flush_redis(redis_url)
     flush_redis(redis_single_url)

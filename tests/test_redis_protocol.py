@@ -188,7 +188,7 @@ def test_a_live_instance_keeps_its_pending_pages_however_long_it_takes(  # type:
         two, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its leases are renewed while it decides: a page waits for the older one all along
     (no time limit, nothing stolen), and the older one's claim holds."""
-    from stream_dedup.index.redis.backend import lease as redis_lease
+    from stream_dedup.index.redis import lease as redis_lease
 
     monkeypatch.setattr(redis_lease, "RENEW_EVERY_S", 0.1)
     a, b = two

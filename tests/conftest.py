@@ -26,6 +26,7 @@ import pytest
 from opskit import free_broker_port, free_redis_ports
 from schemakit import WATCH
 from securekit_kafka import secure_kafka_fixture  # noqa: F401 (the fixture secure_kafka)
+from securekit_redis import secure_redis_fixture  # noqa: F401 (the fixture secure_redis)
 
 REPO = Path(__file__).resolve().parents[1]
 

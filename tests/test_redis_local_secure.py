@@ -39,13 +39,7 @@ from redis.crc import key_slot
 from redis.exceptions import AuthenticationError, MovedError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from securekit_redis import (  # noqa: F401  (secure_redis_fixture: the fixture secure_redis)
-    SCRIPT,
-    SecureRedis,
-    secure_redis_fixture,
-    start_secure,
-    stop,
-)
+from securekit_redis import SCRIPT, SecureRedis, start_secure, stop
 
 pytestmark = pytest.mark.redis
 

@@ -118,7 +118,7 @@ class RedisIndex(Lifecycle):
             self._load_scripts()
         self._check_config()
         self.interrupted = threading.Event()  # a stop: a page waiting gives up (_wait)
-        self.leases = Leases(url, self.layout.record_key, observe)
+        self.leases = Leases(url, self.layout.record_key, observe, security=security)
 
     # --- the protocol -----------------------------------------------------------------
     def lookup(self, probes: Sequence[Probe], *, register: bool = True,

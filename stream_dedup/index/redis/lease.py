@@ -28,6 +28,7 @@ from typing import Any
 from stream_dedup.errors import IndexUnavailable
 from stream_dedup.index.redis.client import Observe, ScriptClient
 from stream_dedup.index.redis.layout import SHARDS
+from stream_dedup.security import RedisSecurity
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -42,8 +43,9 @@ class Leases(ScriptClient):
     trip of its own meanwhile."""
 
     def __init__(self, url: str, record_key: Callable[[int], bytes],
-                 observe: Observe | None = None, client: Any = None) -> None:
-        super().__init__(url, client, observe)
+                 observe: Observe | None = None, client: Any = None,
+                 security: RedisSecurity | None = None) -> None:
+        super().__init__(url, client, observe, security)
         self.lease_ms = LEASE_MS
         self._record_key = record_key
         self._held: dict[int, None] = {}

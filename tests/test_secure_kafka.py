@@ -163,7 +163,7 @@ def _refusals(sk: SecureKafka, tmp_path: Path) -> dict[str, tuple[list[str], dic
     }
 
 
-EXPECTED = {"wrong password": ("refused the credentials", "kafka_sasl_username"),
+EXPECTED = {"wrong password": ("authentication failed", "kafka_sasl_username"),
             "unknown CA": ("not signed by", "kafka_ssl_cafile"),
             "host name mismatch": ("names another host", "bootstrap_servers"),
             "plain text on a TLS port": ("closed every connection", "kafka_security_protocol")}

@@ -93,8 +93,8 @@ def test_a_refusal_is_one_line_and_an_exit_within_ten_seconds(
     url, flags, expected = {
         "wrong password": (secure_redis.url.replace(
             "redis://", f"redis://{secure_redis.username}:{wrong}@"), [],
-            ("refused the credentials", "redis_password")),
-        "no password": (secure_redis.url, [], ("refused the credentials", "redis_password")),
+            ("authentication failed", "redis_password")),
+        "no password": (secure_redis.url, [], ("authentication failed", "redis_password")),
         "unknown CA": (secure_redis.tls_url, ["--redis-ssl-cafile", secure_redis.other_ca_cert],
                        ("not signed by a CA trusted here", "redis_ssl_cafile")),
     }[case]

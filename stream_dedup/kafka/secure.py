@@ -132,7 +132,7 @@ def explain(exc: BaseException, s: Settings, attempts: int = 1) -> str | None:
     name = type(exc).__name__
     if "Authentication" in name or "SaslAuthentication" in text or "authentication" in \
             text.lower():
-        return (f"Kafka refused the credentials of {sec.username or 'this client'} "
+        return (f"Kafka authentication failed for {sec.username or 'this client'} "
                 f"({sec.mechanism or sec.protocol}; {text}): check kafka_sasl_username, the "
                 "password and kafka_sasl_mechanism")
     if "Authorization" in name:

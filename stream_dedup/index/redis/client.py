@@ -80,7 +80,7 @@ def connect(url: str, security: RedisSecurity | None = None) -> redis.Redis | Re
                                          **extra)
             enabled = plain.info("cluster").get("cluster_enabled", 0)
         except AuthenticationError as exc:
-            raise ConfigError(f"Redis at {redact(seed)} refused the credentials ({exc}): check "
+            raise ConfigError(f"Redis authentication failed at {redact(seed)} ({exc}): check "
                               "the user and password (in the URL, redis_username, "
                               "redis_password or redis_password_file)") from None
         except (RedisError, ValueError) as exc:

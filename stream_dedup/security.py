@@ -13,7 +13,6 @@ import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from stream_dedup.errors import ConfigError
 
@@ -36,22 +35,33 @@ def read_secret(path: str, setting: str) -> str:
         raise ConfigError(f"{setting}: {path} is not UTF-8 text") from None
 
 
+# scheme://userinfo@rest: userinfo runs to the LAST @ (a password may hold / # ? , @ unencoded)
+_USERINFO = re.compile(r"^(\w[\w+.-]*://)(.*)@(.*)$", re.DOTALL)
+_QUERY_PASSWORD = re.compile(r"(?i)([?&]password=)[^&]*")
+
+
+def split_urls(text: str) -> list[str]:
+    """Comma-separated URLs: split only before a `scheme://` (a password may hold a comma)."""
+    return [u.strip() for u in re.split(r",\s*(?=\w[\w+.-]*://)", text) if u.strip()]
+
+
+def url_password(url: str) -> str:
+    """The password a URL carries (in its user info or a `password=` query argument)."""
+    m = _USERINFO.match(url)
+    if m and ":" in m.group(2):
+        return m.group(2).split(":", 1)[1]
+    query = re.search(r"(?i)[?&]password=([^&]*)", url)
+    return query.group(1) if query else ""
+
+
 def redact(url: str) -> str:
-    """A URL (or comma-separated URLs) fit to print: a password in it becomes ***."""
+    """URLs (comma-separated) fit to print: a password in them becomes ***."""
     out = []
-    for part in url.split(","):
-        try:
-            parts = urlsplit(part.strip())
-            password = parts.password
-        except ValueError:
-            out.append(HIDDEN)  # too malformed to tell where a password would be
-            continue
-        if password is None:
-            out.append(part.strip())
-            continue
-        user = parts.username or ""
-        host = parts.netloc.rsplit("@", 1)[1]
-        out.append(urlunsplit(parts._replace(netloc=f"{user}:{HIDDEN}@{host}")))
+    for part in split_urls(url):
+        m = _USERINFO.match(part)
+        if m and ":" in m.group(2):
+            part = f"{m.group(1)}{m.group(2).split(':', 1)[0]}:{HIDDEN}@{m.group(3)}"
+        out.append(_QUERY_PASSWORD.sub(lambda q: q.group(1) + HIDDEN, part))
     return ",".join(out)
 
 
@@ -61,6 +71,13 @@ def scrub(text: str, secrets: list[str]) -> str:
         if secret:
             text = text.replace(secret, HIDDEN)
     return text
+
+
+def _one_of(value: str, path: str, setting: str) -> str:
+    """A secret given as itself or in a file, not both (which would win is a guess)."""
+    if value and path:
+        raise ConfigError(f"{setting} and {setting}_file are both given: keep one")
+    return read_secret(path, f"{setting}_file") if path else value
 
 
 def _file_exists(path: str, setting: str) -> str:
@@ -120,9 +137,7 @@ def kafka_security(s: Any) -> KafkaSecurity:
     mechanism = s.kafka_sasl_mechanism.upper()
     sasl = protocol.startswith("SASL_")
     tls = protocol in ("SSL", "SASL_SSL")
-    password = s.kafka_sasl_password
-    if s.kafka_sasl_password_file:
-        password = read_secret(s.kafka_sasl_password_file, "kafka_sasl_password_file")
+    password = _one_of(s.kafka_sasl_password, s.kafka_sasl_password_file, "kafka_sasl_password")
     if not sasl and (mechanism or s.kafka_sasl_username or password):
         raise ConfigError(f"SASL settings are given but kafka_security_protocol is {protocol}: "
                           "use SASL_SSL (or SASL_PLAINTEXT on a trusted network)")
@@ -149,9 +164,8 @@ def kafka_security(s: Any) -> KafkaSecurity:
         _file_exists(path, setting)
     if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
         raise ConfigError("kafka_ssl_keyfile needs kafka_ssl_certfile (the client certificate)")
-    key_password = s.kafka_ssl_key_password
-    if s.kafka_ssl_key_password_file:
-        key_password = read_secret(s.kafka_ssl_key_password_file, "kafka_ssl_key_password_file")
+    key_password = _one_of(s.kafka_ssl_key_password, s.kafka_ssl_key_password_file,
+                           "kafka_ssl_key_password")
     return KafkaSecurity(protocol, mechanism if sasl else "", s.kafka_sasl_username, password,
                          s.kafka_sasl_oauth_token_file, s.kafka_ssl_cafile,
                          s.kafka_ssl_certfile, s.kafka_ssl_keyfile, key_password,
@@ -159,9 +173,11 @@ def kafka_security(s: Any) -> KafkaSecurity:
 
 
 # --- Kafka client properties ----------------------------------------------------------------
-_JAAS = re.compile(r"\s*([\w.$]+)\s+(required|requisite|sufficient|optional)\s*(.*?)\s*;?\s*$",
-                   re.DOTALL)
-_JAAS_OPTION = re.compile(r'(\w+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|(\S+?))(?=\s|;|$)')
+# sasl.jaas.config's tokens, as Kafka's JaasConfig reads them (a StreamTokenizer): a quoted
+# string ("..." or '...'), = or ;, or a word
+_JAAS_TOKEN = re.compile(r"""\s*(?:"((?:[^"\\]|\\.)*)"|'((?:[^'\\]|\\.)*)'|([=;])|([^\s=;"']+))""",
+                         re.DOTALL)
+_JAAS_FLAGS = ("required", "requisite", "sufficient", "optional")
 _LOGIN_MODULES = {
     "org.apache.kafka.common.security.plain.PlainLoginModule": "PLAIN",
     "org.apache.kafka.common.security.scram.ScramLoginModule": "SCRAM",
@@ -169,19 +185,21 @@ _LOGIN_MODULES = {
 
 
 def parse_properties(text: str) -> dict[str, str]:
-    """A Java .properties text: `key=value`, `key: value` or `key value`; # and ! comments;
-    a line ending in a backslash goes on; \\t \\n \\\\ escapes."""
+    """A .properties text as java.util.Properties reads it: lines end at \\n, \\r or
+    \\r\\n; `key=value`, `key: value` or `key value`; # and ! comments; an odd number of
+    trailing backslashes continues a line; \\t \\n \\r \\f \\uXXXX escapes. Values are
+    trimmed, as Kafka trims what it reads."""
     out: dict[str, str] = {}
-    lines = iter(text.splitlines())
+    lines = iter(re.split(r"\r\n|\r|\n", text))
     for raw in lines:
-        line = raw.lstrip()
+        line = raw.lstrip(" \t\f")
         if not line or line[0] in "#!":
             continue
-        while line.endswith("\\") and not line.endswith("\\\\"):
-            line = line[:-1] + next(lines, "").lstrip()
-        m = re.match(r"((?:[^\s=:\\]|\\.)+)\s*[=:\s]\s*(.*)", line)
-        key, value = (m.group(1), m.group(2)) if m else (line, "")
-        out[_unescape(key)] = _unescape(value.rstrip())
+        while (len(line) - len(line.rstrip("\\"))) % 2 == 1:
+            line = line[:-1] + next(lines, "").lstrip(" \t\f")
+        m = re.match(r"((?:[^\s=:\\]|\\.)*)[ \t\f]*[=:]?[ \t\f]*(.*)", line, re.DOTALL)
+        assert m is not None  # every part of the pattern may be empty
+        out[_unescape(m.group(1))] = _unescape(m.group(2)).strip()
     return out
 
 
@@ -189,24 +207,48 @@ _ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
 
 
 def _unescape(text: str) -> str:
-    return re.sub(r"\\(.)", lambda e: _ESCAPES.get(e.group(1), e.group(1)), text)
+    def one(e: re.Match[str]) -> str:
+        c = e.group(1)
+        return chr(int(c[1:], 16)) if len(c) == 5 else _ESCAPES.get(c, c)
+
+    return re.sub(r"\\(u[0-9a-fA-F]{4}|.)", one, text, flags=re.DOTALL)
 
 
 def parse_jaas(config: str, source: str) -> tuple[str, dict[str, str]]:
-    """sasl.jaas.config -> (the mechanism family its login module implies, its options)."""
-    m = _JAAS.fullmatch(config)
-    if not m:
-        raise ConfigError(f"{source}: sasl.jaas.config is not '<LoginModule> required "
-                          "key=\"value\" ...;'")
-    module = m.group(1)
+    """sasl.jaas.config -> (the mechanism family its login module implies, its options).
+    One login module, as Kafka allows; an error never quotes the text (it holds a
+    password)."""
+    bad = ConfigError(f"{source}: sasl.jaas.config is not '<LoginModule> required "
+                      "key=\"value\" ...;' with one login module")
+    tokens: list[tuple[str, str]] = []  # (kind: word | str | sym, text)
+    pos, config = 0, config.rstrip()
+    while pos < len(config):
+        m = _JAAS_TOKEN.match(config, pos)
+        if m is None:
+            raise bad
+        pos = m.end()
+        if m.group(3):
+            tokens.append(("sym", m.group(3)))
+        elif m.group(4):
+            tokens.append(("word", m.group(4)))
+        else:
+            quoted = m.group(1) if m.group(1) is not None else m.group(2)
+            tokens.append(("str", _unescape(quoted)))
+    if len(tokens) < 2 or tokens[0][0] != "word" or tokens[1][1].lower() not in _JAAS_FLAGS:
+        raise bad
+    module, options, i = tokens[0][1], {}, 2
+    while i < len(tokens) and tokens[i] != ("sym", ";"):
+        if i + 2 >= len(tokens) or tokens[i][0] != "word" or tokens[i + 1] != ("sym", "=") \
+                or tokens[i + 2][0] == "sym":
+            raise bad
+        options[tokens[i][1]] = tokens[i + 2][1]
+        i += 3
+    if tokens[i + 1:]:
+        raise bad  # a second login module: Kafka refuses it too
     if module not in _LOGIN_MODULES:
         raise ConfigError(f"{source}: sasl.jaas.config's {module} is not supported (PLAIN and "
                           "SCRAM login modules are; for OAUTHBEARER use "
                           "kafka_sasl_oauth_token_file)")
-    options = {k: (quoted.replace('\\"', '"').replace("\\\\", "\\") if quoted is not None
-                   else bare)
-               for k, quoted, bare in ((o.group(1), o.group(2), o.group(3))
-                                       for o in _JAAS_OPTION.finditer(m.group(3)))}
     return _LOGIN_MODULES[module], options
 
 
@@ -260,6 +302,9 @@ def properties_settings(props: dict[str, str], source: str) -> dict[str, Any]:
             out["kafka_ssl_check_hostname"] = value.lower() == "https"
         elif key in ("ssl.truststore.type", "ssl.keystore.type", "ssl.truststore.password"):
             pass  # read with the location above (a PEM store has no password)
+        elif not re.fullmatch(r"[\w.-]+", key):
+            raise ConfigError(f"{source}: a line that is not key=value (not quoted here: it "
+                              "may hold a secret)")
         else:
             raise ConfigError(f"{source}: {key} is not supported (stream-dedup maps "
                               "bootstrap.servers, security.protocol, sasl.mechanism, "
@@ -283,15 +328,19 @@ def _store_type(props: dict[str, str], store: str) -> str:
         with open(props.get(f"{store}.location", ""), "rb") as f:
             return "PEM" if f.read(64).lstrip().startswith(b"-----BEGIN") else "JKS"
     except OSError:
-        return "JKS"
+        return "PEM"  # no such file: the check of the file says so, not a type guessed
 
 
 def read_properties(path: str) -> dict[str, Any]:
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise ConfigError(f"kafka_properties: cannot read {path}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")  # what java.util.Properties.load(InputStream) reads
     return properties_settings(parse_properties(text), path)
 
 
@@ -311,12 +360,12 @@ class RedisSecurity:
         """redis-py's keyword arguments for `url` (a password in the URL wins: it may be
         another store's)."""
         kwargs: dict[str, Any] = {}
-        parts = urlsplit(url)
-        if self.username and not parts.username:
+        m = _USERINFO.match(url)
+        if self.username and not (m and m.group(2).split(":", 1)[0]):
             kwargs["username"] = self.username
-        if self.password and not parts.password:
+        if self.password and not url_password(url):
             kwargs["password"] = self.password
-        if parts.scheme == "rediss":
+        if url.startswith("rediss://"):
             kwargs["ssl_check_hostname"] = self.check_hostname
             if self.cafile:
                 kwargs["ssl_ca_certs"] = self.cafile
@@ -326,24 +375,18 @@ class RedisSecurity:
         return kwargs
 
     def secrets(self, *urls: str) -> list[str]:
-        found = [self.password]
-        for url in urls:
-            for part in url.split(","):
-                try:
-                    found.append(urlsplit(part.strip()).password or "")
-                except ValueError:
-                    continue
+        found = [self.password, *(url_password(u) for url in urls for u in split_urls(url))]
         return [s for s in found if s]
 
 
 def redis_security(s: Any) -> RedisSecurity:
-    password = s.redis_password
-    if s.redis_password_file:
-        password = read_secret(s.redis_password_file, "redis_password_file")
+    password = _one_of(s.redis_password, s.redis_password_file, "redis_password")
     for setting in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
         _file_exists(getattr(s, setting), setting)
     tls_files = s.redis_ssl_cafile or s.redis_ssl_certfile or s.redis_ssl_keyfile
-    urls = [u.strip() for u in f"{s.redis_url},{s.redis_records_url}".split(",") if u.strip()]
+    if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
+        raise ConfigError("redis_ssl_keyfile needs redis_ssl_certfile (the client certificate)")
+    urls = split_urls(f"{s.redis_url},{s.redis_records_url}")
     if tls_files and urls and not any(u.startswith("rediss://") for u in urls):
         raise ConfigError("redis_ssl_* files are given but no Redis URL is rediss:// (TLS)")
     return RedisSecurity(s.redis_username, password, s.redis_ssl_cafile, s.redis_ssl_certfile,

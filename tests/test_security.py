@@ -72,7 +72,7 @@ def test_librdkafka_names_and_a_plain_login(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("text, named", [
     ("request.timeout.ms=5000", "request.timeout.ms is not supported"),
-    ("ssl.truststore.location=/x.jks", "a JKS store"),
+    ("ssl.truststore.location={tmp}/x.jks", "a JKS store"),
     ("ssl.keystore.type=PKCS12\nssl.keystore.location=/k.p12", "a PKCS12 store"),
     ("sasl.jaas.config=com.sun.security.auth.module.Krb5LoginModule required;",
      "Krb5LoginModule is not supported"),
@@ -81,8 +81,10 @@ def test_librdkafka_names_and_a_plain_login(tmp_path: Path) -> None:
     ("ssl.endpoint.identification.algorithm=ldap", "'https'"),
 ])
 def test_what_cannot_be_mapped_is_refused_by_name(tmp_path: Path, text: str, named: str) -> None:
+    (tmp_path / "x.jks").write_bytes(b"\xfe\xed\xfe\xed\x00\x00\x00\x02")  # a JKS magic
     with pytest.raises(ConfigError, match=named):
-        Settings.load(env={}, overrides={"kafka_properties": _props(tmp_path, text)})
+        Settings.load(env={}, overrides={"kafka_properties": _props(
+            tmp_path, text.replace("{tmp}", str(tmp_path)))})
 
 
 def test_a_missing_properties_file_is_one_clear_error(tmp_path: Path) -> None:
@@ -171,3 +173,73 @@ def test_help_names_the_secrets_variables_and_offers_no_flag_for_them(
     for flag in ("--kafka-sasl-password ", "--redis-password ", "--http-token "):
         assert flag not in text
     assert "--kafka-properties FILE" in text and "--kafka-sasl-password-file FILE" in text
+
+
+# --- what a review found (each once leaked a secret or connected otherwise than Kafka) -----
+@pytest.mark.parametrize("url", [
+    f"redis://alice:ab/cd{PASSWORD}@127.0.0.1:7400", f"redis://alice:Ab#c{PASSWORD}@h:1",
+    f"redis://alice:a,{PASSWORD}@h:1,redis://h:2", f"redis://alice@h:1/?password={PASSWORD}",
+    f"rediss://:p@{PASSWORD}@[::1]:6379"])
+def test_any_password_a_redis_url_carries_is_hidden(url: str) -> None:
+    assert PASSWORD not in redact(url) and "***" in redact(url)
+
+
+def test_a_secret_given_as_a_flag_is_not_taken_for_its_file_flag_nor_echoed(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--redis-password", "--kafka-sasl-password", "--http-token"):
+        with pytest.raises(SystemExit):
+            main(["replay", "x.jsonl", "-o", "y", flag, PASSWORD])
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" in err and PASSWORD not in err
+
+
+@pytest.mark.parametrize("config, expected", [
+    ('org.apache.kafka.common.security.plain.PlainLoginModule required username="a"'
+     'password="p w";', {"username": "a", "password": "p w"}),
+    ("org.apache.kafka.common.security.plain.PlainLoginModule REQUIRED username='a' "
+     "password='x;y=z'", {"username": "a", "password": "x;y=z"}),
+])
+def test_jaas_as_kafka_reads_it(config: str, expected: dict[str, str]) -> None:
+    assert parse_jaas(config, "f") == ("PLAIN", expected)
+
+
+def test_jaas_with_two_login_modules_is_refused_without_quoting_it() -> None:
+    config = ('org.apache.kafka.common.security.plain.PlainLoginModule required username=a '
+              f'password="{PASSWORD}"; x.Other required;')
+    with pytest.raises(ConfigError, match="one login module") as err:
+        parse_jaas(config, "f")
+    assert PASSWORD not in str(err.value)
+
+
+def test_properties_as_java_reads_them(tmp_path: Path) -> None:
+    assert parse_properties("a=1\\\\\\\nb=2\nc=p\\u00e4ss\nd=x\fy\ne : v  \n  f\\\n   g\n") == {
+        "a": "1\\b=2", "c": "päss", "d": "x\fy", "e": "v", "fg": ""}
+    latin = tmp_path / "latin.properties"
+    latin.write_bytes("sasl.username=j\xf6rg\n".encode("latin-1"))
+    assert Settings.load(env={}, overrides={"kafka_properties": str(latin)}
+                         ).kafka_sasl_username == "jörg"
+    with pytest.raises(ConfigError, match="not key=value") as err:
+        properties_settings({f"x{PASSWORD}": ""}, "f")
+    assert PASSWORD not in str(err.value)
+
+
+def test_a_secret_and_its_file_together_are_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "password"
+    secret.write_text("other")
+    s = Settings(kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism="PLAIN",
+                 kafka_sasl_username="u", kafka_sasl_password=PASSWORD,
+                 kafka_sasl_password_file=str(secret))
+    with pytest.raises(ConfigError, match="kafka_sasl_password and kafka_sasl_password_file"):
+        kafka_security(s)
+
+
+def test_aiokafka_s_debug_line_with_the_sasl_bytes_is_dropped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    with caplog.at_level(logging.DEBUG, logger="aiokafka.conn"):
+        logging.getLogger("aiokafka.conn").debug(
+            "Request to %s: SaslAuthenticateRequest_v1(sasl_auth_bytes=%r)", "h:1",
+            f"u\0u\0{PASSWORD}".encode())
+        logging.getLogger("aiokafka.conn").debug("Request to %s: MetadataRequest", "h:1")
+    assert PASSWORD not in caplog.text and "MetadataRequest" in caplog.text

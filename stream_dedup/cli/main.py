@@ -10,12 +10,13 @@ import gc
 import json
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from stream_dedup.cli.index import add_parser as add_index_parser
 from stream_dedup.cli.settings import setting_flags, settings_of
@@ -246,8 +247,21 @@ def _sample(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """No abbreviated flags (subcommands' parsers are of this class too): `--redis-password
+    X` must not be read as --redis-password-file, whose error would print X."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+    def error(self, message: str) -> NoReturn:
+        # "unrecognized arguments" lists them: not the value of a would-be secret flag
+        super().error(re.sub(r"(--[\w-]*(?:password|token)[\w-]*)(?:=|\s+)\S+", r"\1 ***",
+                             message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="stream-dedup",
         description="Streaming near-duplicate filter for web crawls: keep or drop every page "
         "(exact copy, same text, or near-duplicate of a page seen before) and say why.",

@@ -204,9 +204,10 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("kafka_ssl_check_hostname", "check that a broker's certificate names the host "
              "connected to (off only for a test broker)"),
     ],
-    "Redis security (--index redis): a password in the URL (redis://USER:PASSWORD@HOST:PORT), "
-    "or from STREAM_DEDUP_REDIS_PASSWORD, the config file or --redis-password-file, never a "
-    "flag; TLS: rediss:// URLs": [
+    "Redis security (--index redis): the password from STREAM_DEDUP_REDIS_PASSWORD, the "
+    "config file or --redis-password-file, never a flag (nor in --redis-url on a command "
+    "line: STREAM_DEDUP_REDIS_URL may hold redis://USER:PASSWORD@HOST:PORT); TLS: rediss:// "
+    "URLs": [
         Flag("redis_username", "ACL user (Redis 6+)", "USER"),
         Flag("redis_password_file", "read the password from FILE", "FILE"),
         Flag("redis_ssl_cafile", "rediss://: the CA (PEM) of the nodes' certificates", "FILE"),
@@ -262,6 +263,8 @@ def setting_flags(parser: argparse.ArgumentParser, *, serve: bool) -> None:
                                    default=None, help=text)
             else:
                 kind = {int: lambda v: int(v, 0), float: float}.get(type(default), str)
+                if flag.choices and all(c.isupper() for c in flag.choices):
+                    kind = str.upper  # Kafka's names: sasl_ssl as SASL_SSL, as the env takes it
                 group.add_argument(option, type=kind, metavar=flag.metavar,
                                    choices=flag.choices, help=text)
 

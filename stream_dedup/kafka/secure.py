@@ -50,8 +50,21 @@ class Refusals(logging.Handler):
         return f"{self.last[1]}: {self.last[2]}"
 
 
+class HideSasl(logging.Filter):
+    """aiokafka logs every request at debug level, a SASL one with the password (or token)
+    in its bytes: those records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a record that cannot be formatted is not ours to judge
+            return True
+        return "sasl_auth_bytes" not in text and "SaslAuthenticate" not in text
+
+
 REFUSALS = Refusals()
 logging.getLogger("aiokafka").addHandler(REFUSALS)
+logging.getLogger("aiokafka.conn").addFilter(HideSasl())
 
 
 class FileToken(AbstractTokenProvider):  # type: ignore[misc]
@@ -88,14 +101,18 @@ def ssl_context(sec: KafkaSecurity) -> ssl.SSLContext:
     given, host names checked unless turned off. A file that is not what it should be is a
     ConfigError naming the setting."""
     try:
-        context = create_ssl_context(cafile=sec.cafile or None, certfile=sec.certfile or None,
-                                     keyfile=sec.keyfile or None,
-                                     password=sec.key_password or None)
+        context = create_ssl_context(cafile=sec.cafile or None)
     except ssl.SSLError as exc:
-        what = ("kafka_ssl_cafile" if "x509" in str(exc).lower() and not sec.certfile else
-                "kafka_ssl_certfile / kafka_ssl_keyfile / the key's password")
-        raise ConfigError(scrub(f"Kafka TLS: cannot load {what}: {exc}", sec.secrets())) \
+        raise ConfigError(f"Kafka TLS: cannot load kafka_ssl_cafile {sec.cafile}: {exc}") \
             from None
+    if sec.certfile:
+        try:
+            context.load_cert_chain(sec.certfile, sec.keyfile or None,
+                                    sec.key_password or None)
+        except (ssl.SSLError, OSError) as exc:
+            raise ConfigError(scrub(f"Kafka TLS: cannot load the client certificate "
+                                    f"(kafka_ssl_certfile, kafka_ssl_keyfile, the key's "
+                                    f"password): {exc}", sec.secrets())) from None
     if sec.cafile == "":
         context.load_default_certs()
     context.check_hostname = sec.check_hostname

@@ -343,8 +343,12 @@ async def push(settings: Settings, topic: str, paths: list[str], progress: bool 
 
     producer = make_producer(settings, lambda: None)
     stop = asyncio.Event()
-    await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop,
-                settings=settings)
+    try:
+        await retry(f"connecting to {settings.bootstrap_servers}", producer.start, stop,
+                    settings=settings)
+    except BaseException:
+        await producer.stop()  # a refused start: closed, not left to the interpreter's exit
+        raise
     sent = skipped = 0
     stats = SourceStats()
     if records:

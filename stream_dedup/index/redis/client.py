@@ -38,7 +38,7 @@ from stream_dedup.index.redis.layout import (
 )
 from stream_dedup.index.redis.record_scripts import RECORD_SCRIPTS
 from stream_dedup.index.redis.scripts import SET_SCRIPTS
-from stream_dedup.security import RedisSecurity, redact, scrub
+from stream_dedup.security import RedisSecurity, redact, scrub, split_urls
 
 log = logging.getLogger("stream_dedup.index")
 
@@ -73,7 +73,7 @@ def connect(url: str, security: RedisSecurity | None = None) -> redis.Redis | Re
     and TLS beyond what the URL says. An error names the URL without its password."""
     security = security or RedisSecurity()
     errors = []
-    for seed in (u.strip() for u in url.split(",") if u.strip()):
+    for seed in split_urls(url):
         try:
             extra = security.client_kwargs(seed)
             plain = redis.Redis.from_url(seed, socket_timeout=5, socket_connect_timeout=5,
@@ -83,7 +83,7 @@ def connect(url: str, security: RedisSecurity | None = None) -> redis.Redis | Re
             raise ConfigError(f"Redis authentication failed at {redact(seed)} ({exc}): check "
                               "the user and password (in the URL, redis_username, "
                               "redis_password or redis_password_file)") from None
-        except (RedisError, ValueError) as exc:
+        except (RedisError, ValueError, TypeError) as exc:  # TypeError: an unknown URL argument
             errors.append(f"{redact(seed)}: {_why(exc)}")
             continue
         if not enabled:
@@ -104,6 +104,8 @@ def connect(url: str, security: RedisSecurity | None = None) -> redis.Redis | Re
 def _why(exc: BaseException) -> str:
     """What went wrong, and for a TLS failure the setting that decides it."""
     text = str(exc)
+    if isinstance(exc, TypeError):
+        return f"the URL has an argument the Redis client does not take ({text}): fix redis_url"
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
         if "mismatch" in text:  # "Hostname mismatch", "IP address mismatch"
             return (f"TLS: the node's certificate names another host ({text}); connect by "

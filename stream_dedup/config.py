@@ -330,6 +330,8 @@ class Settings:
             values.update(read_properties(str(properties)))
         values.update(given)
         if values.get("http_token_file"):
+            if values.get("http_token"):
+                raise ConfigError("http_token and http_token_file are both given: keep one")
             values["http_token"] = read_secret(str(values["http_token_file"]),
                                                "http_token_file")
         return cls(**{k: _coerce(k, v) for k, v in values.items()})

@@ -122,6 +122,15 @@ def test_the_docs_name_files_and_modules_that_exist(doc: str) -> None:
     assert not missing, f"{doc} names what does not exist: {missing}"
 
 
+def test_the_floor_plan_names_every_part() -> None:
+    """docs/architecture.md's floor plan names each folder and loose module of the package."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    plan = text[text.index("## The floor plan"):text.index("## The modules")]
+    parts = [f"`{p.name}/`" for p in PACKAGE.iterdir() if (p / "__init__.py").exists()]
+    parts += [f"`{p.name}`" for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert [p for p in parts if p not in plan] == []
+
+
 def test_the_package_names_modules_that_exist() -> None:
     """A module's prose that names a module by its file (`pool.py`) names one that exists:
     a renamed or moved module leaves no stale name behind."""

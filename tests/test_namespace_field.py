@@ -194,7 +194,7 @@ def test_a_worker_process_reading_a_unit_keeps_its_pages_namespaces(tmp_path: Pa
         assert pool.wait_ready(60)
         executor = pool.executor()
         assert executor is not None
-        sent = units.unpack(executor.result(executor.submit(units._worker_read, unit)))
+        sent = units.unpack(executor.result(executor.submit(units.worker_read, unit)))
     here = units.read_unit(unit, Analyzer(settings), memo_module.Memo())
     for got in (sent, here):
         assert [i.namespace if isinstance(i, Page) else i.kind for i in got.items] == [

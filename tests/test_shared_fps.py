@@ -98,7 +98,7 @@ def test_a_worker_sends_fingerprints_for_bodies_this_process_remembers(
     sends their fingerprints; filled in here, they are the analyses a fresh read gives."""
     first = _first_unit(big_warc)
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
-    here = source._here(units._Slot(first))
+    here = source._here(units.Slot(first))
     assert len(source._shared.memo.rows) > 10
     packed = unit_read.worker_read(first)
     pages = [r for r in packed.rows if r is not None]
@@ -131,7 +131,7 @@ def test_a_copy_a_worker_reads_is_analysed_there_not_here(
     packed = unit_read.worker_read(first)
     source = units.UnitSource([big_warc], Analyzer(Settings()), _Pool(worker))  # type: ignore[arg-type]
     analysed = _counting(monkeypatch)
-    here = source._here(units._Slot(first))
+    here = source._here(units.Slot(first))
     assert here.deferred and all(here.analyses[i] is None for i in here.deferred)
     assert analysed == []
     source._shared.remembered(unit_read.unpack(packed, None, source._shared.recall))
@@ -148,7 +148,7 @@ def test_an_analysis_forgotten_here_is_kept_until_the_units_sent_before_are_back
 
     seen = SharedFingerprints(1, slots=16)
     source = units.UnitSource([], Analyzer(Settings()), _Pool(seen))  # type: ignore[arg-type]
-    out = units._Slot(None, task=(None, None))  # type: ignore[arg-type]
+    out = units.Slot(None, task=(None, None))  # type: ignore[arg-type]
     source._shared.sent = out.sent = 1
     source._slots.append(out)
     for fp in (10, 11, 12):
@@ -196,7 +196,7 @@ def test_a_body_analysed_here_is_told_to_the_workers_before_its_analysis_is_done
         return analyze(self, page)
 
     monkeypatch.setattr(Analyzer, "analyze", analysing)
-    here = source._here(units._Slot(first))
+    here = source._here(units.Slot(first))
     assert len(told) > 10 and all(told)
     monkeypatch.setattr(Analyzer, "analyze", analyze)
     packed = unit_read.worker_read(first)

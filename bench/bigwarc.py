@@ -13,7 +13,13 @@ With `distinct`, round n also shifts the ASCII letters of the text between tags 
 places (bodies neither content-coded nor chunked, about 5 in 6 of them), so its pages are
 new text of the same shape and size: what a crawl of new pages costs, analysis and all.
 
-    python bench/bigwarc.py OUT.warc.gz [--mb 62] [--distinct]
+With `edited`, round n is a recrawl of the same URLs (no `r{n}.` host) in which 1 word in
+100 of the text between tags is changed (the words at positions = n mod 100, their letters
+shifted): the pages are near-duplicates of the first crawl's (J8 ~0.85), not copies, so
+verification, record reads and containment run for most of them, as in a real recrawl of
+documentation or news sites (issue 47).
+
+    python bench/bigwarc.py OUT.warc.gz [--mb 62] [--distinct | --edited]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from stream_dedup.sources.warc import iter_archive
 
 _URI = re.compile(rb"(?im)^(WARC-Target-URI:[ \t]*<?[a-z][a-z0-9+.-]*://)")
 _TEXT = re.compile(rb">([^<]+)<")
+_WORD = re.compile(rb"[A-Za-z]+")
 _LOWER, _UPPER = b"abcdefghijklmnopqrstuvwxyz", b"ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
@@ -79,22 +86,40 @@ def lettered(text: bytes, lower: bytes) -> bytes:
     return _TEXT.sub(lambda m: b">" + m[1].translate(table) + b"<", text)
 
 
-def in_round(record: bytes, n: int, distinct: bool) -> bytes:
+def edited(text: bytes, n: int) -> bytes:
+    """`text` with 1 word in 100 between tags changed (the words at positions = n mod 100
+    across the page, their letters shifted by n % 25 + 1); lengths unchanged."""
+    count = 0
+    table = bytes.maketrans(_LOWER + _UPPER, _LOWER[n % 25 + 1:] + _LOWER[:n % 25 + 1]
+                            + (_LOWER[n % 25 + 1:] + _LOWER[:n % 25 + 1]).upper())
+
+    def word(m: re.Match[bytes]) -> bytes:
+        nonlocal count
+        count += 1
+        return m[0].translate(table) if count % 100 == n % 100 else m[0]
+
+    return _TEXT.sub(lambda m: b">" + _WORD.sub(word, m[1]) + b"<", text)
+
+
+def in_round(record: bytes, n: int, distinct: bool, edit: bool = False) -> bytes:
     """The record as round n writes it (round 0: as it is)."""
     if n == 0:
         return record
     head, _, block = record.partition(b"\r\n\r\n")
-    head = _URI.sub(rb"\1r%d." % n, head, count=1)
-    if distinct:
+    if not edit:  # a recrawl keeps its URLs
+        head = _URI.sub(rb"\1r%d." % n, head, count=1)
+    if distinct or edit:
         http, sep, body = block.partition(b"\r\n\r\n")
         coded = re.search(rb"(?im)^(content-encoding:[ \t]*(?!identity)\S|"
                           rb"transfer-encoding:[ \t]*chunked)", http)
         if sep and coded is None:  # the letters move, the lengths do not
-            block = http + sep + _rotated(body, n % 25 + 1)
+            body = edited(body, n) if edit else _rotated(body, n % 25 + 1)
+            block = http + sep + body
     return head + b"\r\n\r\n" + block
 
 
-def write(path: Path, min_bytes: int, distinct: bool = False) -> tuple[int, int]:
+def write(path: Path, min_bytes: int, distinct: bool = False, edit: bool = False
+          ) -> tuple[int, int]:
     """Write the file; (rounds, records) written."""
     records = html_records()
     rounds = 0
@@ -102,7 +127,8 @@ def write(path: Path, min_bytes: int, distinct: bool = False) -> tuple[int, int]
         while out.tell() < min_bytes:
             for record in records:
                 packer = zlib.compressobj(6, zlib.DEFLATED, 31)
-                out.write(packer.compress(in_round(record, rounds, distinct)) + packer.flush())
+                out.write(packer.compress(in_round(record, rounds, distinct, edit))
+                          + packer.flush())
             rounds += 1
     return rounds, rounds * len(records)
 
@@ -111,9 +137,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--mb", type=float, default=62)
-    ap.add_argument("--distinct", action="store_true")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--distinct", action="store_true")
+    kind.add_argument("--edited", action="store_true")
     args = ap.parse_args()
-    rounds, records = write(args.out, int(args.mb * 1e6), args.distinct)
+    rounds, records = write(args.out, int(args.mb * 1e6), args.distinct, args.edited)
     print(f"{args.out}: {args.out.stat().st_size / 1e6:.1f} MB, {rounds} rounds, "
           f"{records:,} HTML responses")
 

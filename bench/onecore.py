@@ -19,8 +19,9 @@ without PYTHONDONTWRITEBYTECODE, after one untimed run of each); the one-process
 is printed too, to read the figure net of it.
 
 The files are built at run time by bigwarc.py (never kept): `big` (the corpus's HTML
-responses again and again, bodies exact copies from the second round) and `big-distinct`
-(new text each round).
+responses again and again, bodies exact copies from the second round), `big-distinct`
+(new text each round) and `big-edited` (recrawls of the same URLs, 1 word in 100 changed a
+round: near-duplicates, not copies; `--inputs big-edited`).
 
     python bench/onecore.py                       # 5 rounds, both files, core 0
     python bench/onecore.py --before CHECKOUT     # the same, and that checkout's replay
@@ -97,7 +98,8 @@ def main() -> None:
         files = {}
         for name in args.inputs.split(","):
             files[name] = Path(tmp) / f"{name}.warc.gz"
-            bigwarc.write(files[name], int(args.mb * 1e6), distinct=name == "big-distinct")
+            bigwarc.write(files[name], int(args.mb * 1e6), distinct=name == "big-distinct",
+                          edit=name == "big-edited")
         print(header("One core: replay --workers 1 against FastWARC + selectolax text"))
         start = [child_cpu([sys.executable, "-c", "pass"], args.cpu, args.code)[0]
                  for _ in range(3)]

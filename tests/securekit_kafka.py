@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opskit import DEPLOY, free_broker_port
+from opskit import DEPLOY, free_broker_ports
 
 ENV = "STREAM_DEDUP_TEST_SECURE_KAFKA"
 SCRIPT = str(DEPLOY / "kafka-local")
@@ -106,19 +106,9 @@ class SecureKafka:
         return kwargs
 
 
-def _free_ports(count: int) -> list[int]:
-    """COUNT different free ports below the ephemeral range (opskit.free_broker_port)."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_broker_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
 def start_secure(directory: Path, env: dict[str, str] | None = None) -> SecureKafka:
     """`KAFKA_LOCAL_SECURE=1 deploy/kafka-local start DIR` on free ports, read."""
-    plain, controller, sasl, sasl_ssl, tls = _free_ports(5)
+    plain, controller, sasl, sasl_ssl, tls = free_broker_ports(5)
     env = {**os.environ, "KAFKA_LOCAL_SECURE": "1", "KAFKA_LOCAL_HEAP_OPTS": HEAP,
            "KAFKA_LOCAL_PORT": str(plain), "KAFKA_LOCAL_CONTROLLER_PORT": str(controller),
            "KAFKA_LOCAL_SASL_PORT": str(sasl), "KAFKA_LOCAL_SASL_SSL_PORT": str(sasl_ssl),

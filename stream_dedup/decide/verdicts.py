@@ -104,20 +104,25 @@ class Overlay:
 
 
 class BatchDocs:
-    """Records by handle: the overlay's, else the index's answer."""
+    """Records by handle: the overlay's, else the index's answer (read once a page: an
+    arena's record is decoded at each read, and a recrawl reads its version 3 times)."""
 
-    __slots__ = ("answer", "overlay")
+    __slots__ = ("answer", "overlay", "_read")
 
     def __init__(self, answer: Answer, overlay: Overlay) -> None:
         self.answer, self.overlay = answer, overlay
+        self._read: dict[int, StoredDoc] = {}
 
     def __getitem__(self, handle: int) -> StoredDoc:
         if handle >= OVERLAY:
             return self.overlay.docs[handle - OVERLAY]
-        try:
-            return self.answer.docs[handle]
-        except KeyError:
-            raise MissingRecord(handle) from None
+        doc = self._read.get(handle)
+        if doc is None:
+            try:
+                doc = self._read[handle] = self.answer.docs[handle]
+            except KeyError:
+                raise MissingRecord(handle) from None
+        return doc
 
 
 def previous_of(prev: StoredDoc, match: str | None = None) -> Previous:

@@ -241,9 +241,9 @@ class MemoryIndex(LocalIndex):
 
     def postings(self, features: np.ndarray) -> list[list[int]]:
         lists = self._features.postings(features)
-        if self._n_retired:
-            gone = self._gone
-            return [[r for r in rows if not gone(r)] for rows in lists]
+        if self._n_retired:  # the bit test inline: a call a row was 1.4 % of a recrawl's replay
+            bits = self._retired
+            return [[r for r in rows if not bits[r >> 3] >> (r & 7) & 1] for rows in lists]
         return lists
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from tqdm import tqdm
-
 from stream_dedup.config import Settings
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision
@@ -176,7 +174,11 @@ def replay(
         pool.start(fork=True)
     # None without progress: even a disabled bar starts tqdm's monitor thread, which lives
     # on ~10 s, and a process with another thread does not fork its workers (workers/pool.py).
-    bar = tqdm(unit=" pages", dynamic_ncols=True, mininterval=0.5) if progress else None
+    bar = None
+    if progress:
+        from tqdm import tqdm  # 35 ms of imports a replay without a bar (-q) does not pay
+
+        bar = tqdm(unit=" pages", dynamic_ncols=True, mininterval=0.5)
     try:
         with pinned(cpus[0] if cpus else None):
             asyncio.run(runner.run(asyncio.Event()))

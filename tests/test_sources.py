@@ -653,3 +653,27 @@ def test_arc_response_helper_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "one.arc"
     path.write_bytes(arc_response(Resp("http://one/", HTML)))  # no filedesc: still an ARC
     assert [p.url for p in pages(list(iter_archive(path)))] == ["http://one/"]
+
+
+def test_page_records_read_whole_up_to_a_bound_and_big_non_html_ones_not(tmp_path: Path) -> None:
+    """A page record up to WHOLE is read at once; past it, its head first: an HTML page is
+    then read whole, a video only as far as its head (it need not sit in RAM)."""
+    from stream_dedup.sources.archive_record import HEAD
+    from stream_dedup.sources.fastwarc_reader import WHOLE, warc_items
+
+    filler = b"<p>" + b"word " * (WHOLE // 4) + b"</p>"
+    middle = b"<html><body>" + filler[: 3 * HEAD] + b"</body></html>"
+    big = b"<html><body>" + filler + b"</body></html>"
+    video = bytes(random.Random(7).randbytes(WHOLE + HEAD))
+    path = write_warc(tmp_path / "sizes.warc.gz", [
+        Resp("http://a.example/middle", middle), Resp("http://a.example/big", big),
+        Resp("http://a.example/video", video, content_type="video/mp4")])
+    frames = {f.url: f for f in warc_items(path) if not isinstance(f, Rejected)}
+    assert frames["http://a.example/middle"].block.endswith(middle)
+    assert frames["http://a.example/big"].length > WHOLE
+    assert frames["http://a.example/big"].block.endswith(big)
+    assert len(frames["http://a.example/video"].block) == HEAD
+    assert not any(f.truncated for f in frames.values())
+    pages = {p.url: p for p in warc.iter_archive(path) if isinstance(p, Page)}
+    assert set(pages) == {"http://a.example/middle", "http://a.example/big"}
+    assert pages["http://a.example/big"].body == big

@@ -28,6 +28,10 @@ from stream_dedup.sources.archive_record import (
 )
 from stream_dedup.sources.lenient import lenient_items
 
+# A page record this long or shorter is read at once; a longer one first its head (a video
+# need not sit in RAM). Reading a page as head + rest copied its bytes again: 2 % of a replay.
+WHOLE = 1 << 20
+
 
 class NotWarc(Exception):
     """FastWARC returned something that is not a sound WARC record (e.g. LF-only headers)."""
@@ -59,7 +63,10 @@ def from_fastwarc(record: WarcRecord) -> Frame:
     url, date = uri(headers.get("WARC-Target-URI")), warc_date(headers.get("WARC-Date"))
     length, ctype, fields = record.content_length, headers.get("Content-Type"), headers.items()
     block, truncated = None, False
-    if rec_type in PAGE_TYPES:
+    if rec_type in PAGE_TYPES and length <= WHOLE:  # one read: a page's bytes copied once
+        block = record.reader.read()
+        truncated = len(block) < length
+    elif rec_type in PAGE_TYPES:
         block = record.reader.read(HEAD)
         got = len(block)
         if got == HEAD and wanted(block, ctype):

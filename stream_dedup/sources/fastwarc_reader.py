@@ -53,15 +53,18 @@ def warc_items(path: Path) -> Iterator[Frame | Rejected]:
 
 
 def from_fastwarc(record: WarcRecord) -> Frame:
-    headers = record.headers
-    rec_type = (headers.get("WARC-Type") or "").strip().lower()
+    # The fields at once, then looked up here (as FastWARC's get does: the name in any case,
+    # the first of its name): a get of FastWARC's costs 3-9 µs, a third of the record's read.
+    fields = record.headers.items()
+    first = {name.lower(): value for name, value in reversed(fields)}
+    rec_type = (first.get("warc-type") or "").strip().lower()
     # "unknown" is what FastWARC makes of LF-only headers; our reader knows odd types too.
     if record.record_type == WarcRecordType.unknown or not rec_type.isalpha():
         raise NotWarc
-    if headers.get("Content-Length") is None:  # FastWARC's view of a header cut off by EOF
+    if first.get("content-length") is None:  # FastWARC's view of a header cut off by EOF
         raise NotWarc
-    url, date = uri(headers.get("WARC-Target-URI")), warc_date(headers.get("WARC-Date"))
-    length, ctype, fields = record.content_length, headers.get("Content-Type"), headers.items()
+    url, date = uri(first.get("warc-target-uri")), warc_date(first.get("warc-date"))
+    length, ctype = record.content_length, first.get("content-type")
     block, truncated = None, False
     if rec_type in PAGE_TYPES and length <= WHOLE:  # one read: a page's bytes copied once
         block = record.reader.read()

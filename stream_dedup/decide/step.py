@@ -167,12 +167,12 @@ def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, do
     fingerprints are the page's."""
     mine = version >= OVERLAY
     if a.raw_fp == prev.raw_fp if mine else answer.raw == version:
-        return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, EXACT)
+        return _unchanged_drop(a, version, docs, overlay, prev, EXACT)
     if a.canonical_fp is None:
         return Verdict(None)
     if a.text_length > 0 and prev.text_length > 0 and (
             a.canonical_fp == prev.canonical_fp if mine else answer.canonical == version):
-        return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, CANONICAL)
+        return _unchanged_drop(a, version, docs, overlay, prev, CANONICAL)
     if a.shingle_count < s.min_shingles or a.sketch is None or prev.sketch.shape[0] == 0:
         return None
     started = perf_counter()
@@ -184,14 +184,26 @@ def _same_version(a: Analysis, version: int, prev: StoredDoc, answer: Answer, do
 
 
 def _unchanged(a: Analysis, v: Verdict, prev: StoredDoc, match: str) -> Verdict:
+    """A verified drop (`v`) as an `unchanged` one."""
     assert v.decision is not None
+    v.decision = replace(v.decision, duplicate_of=None, previous=previous_of(prev, match),
+                         payload_digest=_payload_digest(a))
+    return v
+
+
+def _unchanged_drop(a: Analysis, version: int, docs: BatchDocs, overlay: Overlay,
+                    prev: StoredDoc, match: str) -> Verdict:
+    """`unchanged`, made at once (not a drop, then replaced: 1 % of a recrawl's replay)."""
+    return drop_verdict(a, UNCHANGED, version, docs, overlay,
+                        previous=previous_of(prev, match), payload_digest=_payload_digest(a))
+
+
+def _payload_digest(a: Analysis) -> str | None:
     page = a.page
     digest = page.payload_digest
     if digest is None and page.body and a.body_bytes is None:
         digest = warc_digest(page.body)
-    v.decision = replace(v.decision, duplicate_of=None, previous=previous_of(prev, match),
-                         payload_digest=digest)
-    return v
+    return digest
 
 
 def _revisit(a: Analysis, version: int | None, docs: BatchDocs, overlay: Overlay) -> Verdict:
@@ -222,7 +234,7 @@ def _revisit(a: Analysis, version: int | None, docs: BatchDocs, overlay: Overlay
                   f"refers to the capture of {uri} at {page.revisit.refers_to_date}, older "
                   f"than the version the index holds (page {prev.page_id}, fetched "
                   f"{prev.fetched_at}), which replaced it: not that version's payload"))
-    return _unchanged(a, drop_verdict(a, UNCHANGED, version, docs, overlay), prev, "revisit")
+    return _unchanged_drop(a, version, docs, overlay, prev, "revisit")
 
 
 def _capture_time(value: str | None) -> float | None:

@@ -166,13 +166,18 @@ def keep_verdict(
 def drop_verdict(
     a: Analysis, reason: str, handle: int, docs: BatchDocs, overlay: Overlay, *, shared: int = 0,
     resemblance: float | None = None, ld: float | None = None, jaccard: float | None = None,
-    verified: bool = False, containment: float | None = None,
+    verified: bool = False, containment: float | None = None, previous: Previous | None = None,
+    payload_digest: str | None = None,
 ) -> Verdict:
+    """A drop against the page at `handle`; with `previous` (an `unchanged` page: its
+    URL's version) it names no other page."""
     first = docs[handle]
     depends_on = overlay.batch_index[handle - OVERLAY] if handle >= OVERLAY else None
     return Verdict(Decision(
-        a.page.url, "drop", reason, duplicate_of=DuplicateOf(first.page_id, first.url),
+        a.page.url, "drop", reason,
+        duplicate_of=None if previous else DuplicateOf(first.page_id, first.url),
         shared_features=shared, resemblance=resemblance, ld_estimate=ld, jaccard=jaccard,
         verified=verified, source=a.page.source, fetched_at=a.page.fetched_at,
-        containment=containment, cluster=first.page_id, namespace=overlay.namespace,
+        previous=previous, payload_digest=payload_digest, containment=containment,
+        cluster=first.page_id, namespace=overlay.namespace,
     ), depends_on=depends_on)

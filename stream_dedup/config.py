@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -341,6 +340,8 @@ _TYPES = {f.name: f.type for f in fields(Settings) if f.init}
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    import tomllib  # only with a config file: 5-10 ms of every start otherwise
+
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -322,6 +322,11 @@ class Metrics:
         self.index_record_file.set(stats.get("doc_file_bytes", 0))
 
     # --- delivery (runner, replay) ----------------------------------------------------------
+    def batch_steps(self, steps: Iterable[str], laps: list[float]) -> None:
+        """A batch's steps ended at `laps` (after the first: its start)."""
+        for step, start, end in zip(steps, laps[:-1], laps[1:], strict=True):
+            self.batch_step.labels(step).observe(end - start)
+
     def decided(self, items: Iterable[Page | Rejected], received: float, done: float, *,
                 since_fetch: bool = True) -> None:
         """Decisions of `items` (consumed at `received`) were delivered at `done` (Unix

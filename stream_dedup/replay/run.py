@@ -15,10 +15,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from stream_dedup.config import Settings
-from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision
 from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
 from stream_dedup.replay.units import UnitSource
@@ -28,6 +27,9 @@ from stream_dedup.sinks.files import FileSink, Writer
 from stream_dedup.sources.files import iter_inputs
 from stream_dedup.sources.stats import SourceStats
 from stream_dedup.workers.cpus import allowed, pinned, placement
+
+if TYPE_CHECKING:
+    from stream_dedup.metrics import Metrics
 
 log = logging.getLogger("stream_dedup")
 # Inputs of at least this many bytes on disk start the analysis processes at once (they

@@ -46,12 +46,11 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from stream_dedup.config import Settings
 from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable, StreamDedupError
-from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected, Skipped
 from stream_dedup.pipeline.deduplicator import AnalysisPool, Deduplicator
 from stream_dedup.runner.edges import (
@@ -65,6 +64,9 @@ from stream_dedup.runner.edges import (
     within_grace,
 )
 
+if TYPE_CHECKING:
+    from stream_dedup.metrics import Metrics
+
 log = logging.getLogger("stream_dedup.runner")
 
 EXPIRY_EVERY_S = 60.0
@@ -72,6 +74,29 @@ INDEX_BACKOFF_S = (0.1, 5.0)  # first and longest wait before asking an unavaila
 INDEX_WARN_EVERY_S = 30.0
 STEPS = ("decide", "deliver", "index-commit", "source-commit")  # of a batch, in order
 T = TypeVar("T")
+
+
+class Unobserved:
+    """The runner's metrics when nobody reads them: none kept."""
+
+    def batch_steps(self, steps: object, laps: object) -> None:
+        pass
+
+    def decided(self, items: object, received: float, done: float, *,
+                since_fetch: bool = True) -> None:
+        pass
+
+    def progress(self) -> None:
+        pass
+
+    def skipped_records(self, kind: str, n: int) -> None:
+        pass
+
+    def refresh_index(self, dedup: Deduplicator) -> None:
+        pass
+
+    def index_error(self, operation: str) -> None:
+        pass
 
 
 @dataclass
@@ -102,7 +127,9 @@ class Runner:
         self.source = source
         self.sink = sink
         self.pool = pool
-        self.metrics = metrics or Metrics(settings, process=False)
+        # Nobody reads a replay's metrics without its HTTP port: then none are kept, and
+        # prometheus_client is not imported (30 ms of start, a date parsed a page).
+        self.metrics: Metrics | Unobserved = metrics if metrics is not None else Unobserved()
         self.faults = faults or Faults()
         self.stats = stats or RunStats()
         self.index_ok = True  # False while the index is unavailable (/readyz reports it)
@@ -188,8 +215,7 @@ class Runner:
             self.stats.abandoned += size
             return
         m = self.metrics
-        for step, start, end in zip(STEPS, laps[:-1], laps[1:], strict=True):
-            m.batch_step.labels(step).observe(end - start)
+        m.batch_steps(STEPS, laps)
         m.decided(items, batch.received, delivered, since_fetch=self.source.live)
         m.progress()
         skipped = sum(batch.skipped.values())

@@ -90,7 +90,8 @@ def parse_response(block: bytes) -> HttpResponse:
     The header block ends at the first empty line, CRLF or bare LF; if there is none the
     whole block is headers and the body is empty (a HEAD-like or cut-off capture).
     """
-    crlf, lf = block.find(b"\r\n\r\n"), block.find(b"\n\n")
+    crlf = block.find(b"\r\n\r\n")
+    lf = block.find(b"\n\n", 0, crlf + 1 if crlf >= 0 else len(block))  # not into the body
     if crlf >= 0 and (lf < 0 or crlf < lf):
         head, body = block[:crlf], block[crlf + 4 :]
     elif lf >= 0:

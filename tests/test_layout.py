@@ -114,7 +114,8 @@ def _resolves(dotted: str) -> bool:
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/architecture.md", "docs/development.md",
                                  "docs/operating.md", "docs/reference.md", "docs/tuning.md",
-                                 "docs/scale-out.md", "docs/lifecycle.md", "bench/RESULTS.md"])
+                                 "docs/scale-out.md", "docs/lifecycle.md", "docs/kubernetes.md",
+                                 "bench/RESULTS.md"])
 def test_the_docs_name_files_and_modules_that_exist(doc: str) -> None:
     text = (REPO / doc).read_text()
     missing = sorted({p for p in _PATH.findall(text) if not _exists(p)}

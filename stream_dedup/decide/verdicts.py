@@ -87,6 +87,10 @@ class Overlay:
         self.postings: dict[int, list[int]] = {}
         self.urls: dict[int, int] = {}  # url key -> the handle of its newest version
         self.retired: set[int] = set()  # versions replaced in this batch (any handle)
+        # The index's records read so far in this batch, by handle: a record is decoded at
+        # each read of an arena, and a recrawl reads its version 3 times, a cluster its
+        # representative once a page
+        self.read: dict[int, StoredDoc] = {}
 
     def add(self, doc: StoredDoc, batch_index: int, replaces: int | None) -> None:
         handle = OVERLAY + len(self.docs)
@@ -104,22 +108,20 @@ class Overlay:
 
 
 class BatchDocs:
-    """Records by handle: the overlay's, else the index's answer (read once a page: an
-    arena's record is decoded at each read, and a recrawl reads its version 3 times)."""
+    """Records by handle: the overlay's, else the index's answer (each read once a batch)."""
 
-    __slots__ = ("answer", "overlay", "_read")
+    __slots__ = ("answer", "overlay")
 
     def __init__(self, answer: Answer, overlay: Overlay) -> None:
         self.answer, self.overlay = answer, overlay
-        self._read: dict[int, StoredDoc] = {}
 
     def __getitem__(self, handle: int) -> StoredDoc:
         if handle >= OVERLAY:
             return self.overlay.docs[handle - OVERLAY]
-        doc = self._read.get(handle)
+        doc = self.overlay.read.get(handle)
         if doc is None:
             try:
-                doc = self._read[handle] = self.answer.docs[handle]
+                doc = self.overlay.read[handle] = self.answer.docs[handle]
             except KeyError:
                 raise MissingRecord(handle) from None
         return doc

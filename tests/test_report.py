@@ -27,7 +27,14 @@ from stream_dedup.cli.main import main
 from stream_dedup.cli.sample import write_sample
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
-needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed")
+
+
+@pytest.fixture
+def browser() -> None:
+    """As the other system tools: missing, the test fails here, saying so (tests/run
+    installs it)."""
+    if chromium() is None:
+        pytest.fail("chromium is not installed (tests/run installs it; apt-get install chromium)")
 
 # What the page shows, read from the rendered DOM
 DOM = """(() => {
@@ -75,7 +82,7 @@ def _a_real_picture(png: bytes) -> Image.Image:
 
 @pytest.mark.corpus
 @pytest.mark.skipif(not CORPORA.is_dir(), reason="../shared/corpora is not here")
-@needs_chromium
+@pytest.mark.usefixtures("browser")
 def test_the_report_of_a_corpus_replay_renders_in_chromium(tmp_path: Path) -> None:
     drafts = tmp_path / "httpbis.jsonl"
     with open(drafts, "w") as fh:
@@ -127,7 +134,7 @@ def _words(n: int, seed: int = 0) -> str:
     return " ".join(f"w{(i * 7919 + seed) % 100_003}" for i in range(n))
 
 
-@needs_chromium
+@pytest.mark.usefixtures("browser")
 def test_hostile_text_and_urls_render_as_text(tmp_path: Path) -> None:
     hostile = "&lt;script&gt;document.title='pwned'&lt;/script&gt;"
     base = _words(400)

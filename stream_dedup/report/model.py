@@ -99,7 +99,8 @@ class Tally:
     verified: int = 0
     bad_lines: int = 0
     bad_examples: list[str] = field(default_factory=list)
-    _samples: dict[str, list[tuple[float, int, Pair]]] = field(default_factory=dict)
+    _samples: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)  # heaps
+    _sampled: dict[int, Pair] = field(default_factory=dict)  # by position
 
     def bad(self, where: str) -> None:
         self.bad_lines += 1
@@ -161,15 +162,26 @@ class Tally:
 
     def _sample(self, d: dict[str, Any], position: int, decision: str, reason: str,
                 url: str | None, previous: dict[str, Any] | None) -> None:
-        if decision == "keep" and reason != "verified-distinct":
+        if decision == "keep" and reason != "verified-distinct" or self.per_reason <= 0:
             return
+        # keep the per_reason most borderline; among equals, a spread along the input
+        # (a hash of the position, not the first ones)
+        margin = self._margin(reason, d)
+        key = (-margin, -((position * 0x9E3779B1) & 0xFFFFFFFF), position)
+        heap = self._samples.setdefault(reason, [])
+        if len(heap) >= self.per_reason:
+            if key <= heap[0]:
+                return
+            del self._sampled[heapq.heapreplace(heap, key)[2]]
+        else:
+            heapq.heappush(heap, key)
         scores = {k: v for k in ("jaccard", "resemblance", "ld_estimate", "containment",
                                  "shared_features", "verified", "short")
                   if (v := d.get(k)) is not None and v is not False
                   and not (k == "shared_features" and v == 0)}
         ref = d.get("duplicate_of")
         ref = ref if isinstance(ref, dict) else previous
-        pair = Pair(position, decision, reason, url, text(d.get("source")), scores)
+        pair = Pair(position, decision, reason, url, text(d.get("source")), scores, margin=margin)
         if ref is not None:
             pair.other_url = text(ref.get("url"))
             pair.other_id = ident(ref.get("page_id"))
@@ -177,16 +189,7 @@ class Tally:
                 pair.other_source = self.kept_sources[pair.other_id][0]
             if previous is not None and previous.get("match"):
                 scores["match"] = text(previous.get("match"))
-        pair.margin = self._margin(reason, d)
-        heap = self._samples.setdefault(reason, [])
-        # keep the per_reason most borderline; among equals, a spread along the input
-        # (a hash of the position, not the first ones)
-        key = (-pair.margin, -((position * 0x9E3779B1) & 0xFFFFFFFF))
-        item = (key, position, pair)
-        if len(heap) < self.per_reason:
-            heapq.heappush(heap, item)  # type: ignore[arg-type]
-        elif item[0] > heap[0][0]:  # type: ignore[operator]
-            heapq.heapreplace(heap, item)  # type: ignore[arg-type]
+        self._sampled[position] = pair
 
     def _margin(self, reason: str, d: dict[str, Any]) -> float:
         """How far the pair is from the bar it was judged by (0: at the bar)."""
@@ -203,7 +206,8 @@ class Tally:
         """Per reason, the sampled pairs, most borderline first."""
         out = {}
         for reason, heap in self._samples.items():
-            pairs = [p for _, _, p in sorted(heap, key=lambda t: (t[2].margin, t[1]))]
+            pairs = sorted((self._sampled[k[2]] for k in heap),
+                           key=lambda p: (p.margin, p.position))
             for n, p in enumerate(pairs):
                 p.anchor = f"pair-{reason}-{n}"
             out[reason] = pairs

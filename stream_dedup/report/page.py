@@ -222,7 +222,9 @@ def _pair(p: Pair, texts: Mapping[str, PageText | None], crawls_given: bool) -> 
 
 
 def _round(v: object) -> object:
-    return f"{v:.4f}" if isinstance(v, float) else v
+    if isinstance(v, float):
+        return f"{v:,.0f}" if v >= 10 else f"{v:.4f}"
+    return v
 
 
 def _texts(p: Pair, texts: Mapping[str, PageText | None]) -> str:

@@ -104,8 +104,9 @@ def _totals(t: Tally) -> str:
             rows.append(f'<tr class="reason" data-decision="{decision}" data-reason="{_e(r)}">'
                         f'<td></td><td>{_e(r)}</td><td class="count" data-count="{m}">{m:,}</td>'
                         f"<td>{_share(m, t.pages)}</td></tr>")
-    extra = (f"<p>{t.short:,} page(s) were short (exact layers only); {t.verified:,} near "
-             f"drop(s) were confirmed by verification; {len(t.clusters):,} clusters, "
+    extra = (f"<p>{t.short:,} page(s) were short (exact layers only); {t.verified:,} "
+             "decision(s) say <code>verified</code> (a candidate confirmed by verification); "
+             f"{len(t.clusters):,} clusters, "
              f"{sum(1 for c in t.clusters.values() if c.size > 1):,} with more than one page.</p>")
     return ('<section id="totals"><h2>Totals</h2><table class="totals"><thead><tr>'
             "<th>decision</th><th>reason / kind</th><th>pages</th><th>share</th></tr></thead>"

@@ -186,6 +186,7 @@ def test_bad_input_is_said_in_the_page(tmp_path: Path, capsys: pytest.CaptureFix
     assert 'class="sbs"' not in report.read_text()
     assert "Give the crawl files" in report.read_text()
     # usage errors: exit 2, nothing written
+    assert main(["replay", str(warc), "-o", "-", "-q", "--report", str(tmp_path / "x.html")]) == 2
     assert main(["report", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "x.html")]) == 2
     assert main(["report", str(out), "-o", str(tmp_path / "no" / "x.html")]) == 2
     assert not (tmp_path / "x.html").exists()

@@ -237,7 +237,10 @@ def _texts(p: Pair, texts: Mapping[str, PageText | None]) -> str:
     left, right, share = side_by_side(a, b) if mine and theirs else (
         [("same", a)], [("same", b)], 0.0)
     cols = []
-    for name, page, runs in (("this page", mine, left), ("the page it names", theirs, right)):
+    sides = [("this page", mine, left), ("the page it names", theirs, right)]
+    if p.other_url is None and p.other_id is None:  # a verified-distinct keep: one page
+        sides = sides[:1]
+    for name, page, runs in sides:
         if page is None:
             why = ("not in the crawl files given" if name == "this page" or p.other_source
                    else "its source is not in these decisions (kept before them?)")
@@ -248,7 +251,8 @@ def _texts(p: Pair, texts: Mapping[str, PageText | None]) -> str:
                     f'{note}<p class="words">{_runs(runs)}</p></div>')
     common = (f'<p class="common">{share:.1%} of the words shown are common to both.</p>'
               if mine and theirs else "")
-    return f'{common}<div class="sbs">{"".join(cols)}</div>'
+    one = " one" if len(sides) == 1 else ""
+    return f'{common}<div class="sbs{one}">{"".join(cols)}</div>'
 
 
 def _runs(runs: list[tuple[str, list[str]]]) -> str:

@@ -39,6 +39,7 @@ padding:8px 12px;margin:10px 0}
 .score{display:inline-block;margin:4px 12px 0 0;font-variant-numeric:tabular-nums}
 .url{color:#1b4fa0}
 .sbs{display:grid;grid-template-columns:1fr 1fr;gap:12px;margin-top:6px}
+.sbs.one{grid-template-columns:1fr}
 .col{background:#fafbfc;border:1px solid var(--line);padding:6px 10px;overflow-wrap:anywhere}
 .col h4{margin:0 0 4px;font-size:13px}
 .words{margin:0;font-family:ui-serif,Georgia,serif;max-height:24em;overflow:auto}

@@ -25,6 +25,7 @@ OUTCOMES = {"keep": 0, "drop": 1, "reject": 2}
 BAR = 0.8  # verify_min_jaccard's default: where a verified pair is judged, when not told
 CLUSTER_MEMBERS = 40  # members listed of a cluster
 CLUSTERS_KEPT = 12  # largest clusters shown
+UNSCORED = 1e9  # the margin of a drop without a score (+ drops before it naming its page)
 
 
 def text(value: object) -> str | None:
@@ -66,7 +67,7 @@ class Pair:
     other_url: str | None = None
     other_id: str | None = None
     other_source: str | None = None
-    margin: float = math.inf  # how far past its bar: smaller is more borderline
+    margin: float = math.inf  # how far from its bar: smaller is more borderline
     anchor: str = ""
 
     def label(self) -> str:
@@ -101,6 +102,7 @@ class Tally:
     bad_examples: list[str] = field(default_factory=list)
     _samples: dict[str, list[tuple[float, int, int]]] = field(default_factory=dict)  # heaps
     _sampled: dict[int, Pair] = field(default_factory=dict)  # by position
+    _named: Counter[tuple[str, str | None]] = field(default_factory=Counter)  # unscored drops
 
     def bad(self, where: str) -> None:
         self.bad_lines += 1
@@ -164,9 +166,16 @@ class Tally:
                 url: str | None, previous: dict[str, Any] | None) -> None:
         if decision == "keep" and reason != "verified-distinct" or self.per_reason <= 0:
             return
-        # keep the per_reason most borderline; among equals, a spread along the input
-        # (a hash of the position, not the first ones)
+        # keep the per_reason most borderline; without a score (exact, canonical), the
+        # first drop against each kept page before a second against one; among equals, a
+        # spread along the input (a hash of the position, not the first ones)
+        ref = d.get("duplicate_of")
+        ref = ref if isinstance(ref, dict) else previous
         margin = self._margin(reason, d)
+        if margin == math.inf:
+            named = (reason, ident(ref.get("page_id")) if ref is not None else None)
+            margin = UNSCORED + self._named[named]
+            self._named[named] += 1
         key = (-margin, -((position * 0x9E3779B1) & 0xFFFFFFFF), position)
         heap = self._samples.setdefault(reason, [])
         if len(heap) >= self.per_reason:
@@ -179,8 +188,6 @@ class Tally:
                                  "shared_features", "verified", "short")
                   if (v := d.get(k)) is not None and v is not False
                   and not (k == "shared_features" and v == 0)}
-        ref = d.get("duplicate_of")
-        ref = ref if isinstance(ref, dict) else previous
         pair = Pair(position, decision, reason, url, text(d.get("source")), scores, margin=margin)
         if ref is not None:
             pair.other_url = text(ref.get("url"))

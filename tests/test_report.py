@@ -203,3 +203,20 @@ def test_a_long_page_is_cut_and_the_view_says_so(tmp_path: Path) -> None:
     assert [d["reason"] for d in _decisions(out)] == ["unique", "near"]
     page = report.read_text()
     assert "cut at 1,500 of 5,000 words" in page and "words the same" in page
+
+
+def test_decisions_with_fields_of_any_type_are_reported_not_raised(tmp_path: Path) -> None:
+    """A decisions file is input from anyone: each field of a real decision replaced by a
+    value of every other JSON type still gives a page (the line counted or shown)."""
+    warc, _, _ = write_sample(tmp_path / "crawl")
+    out = tmp_path / "d.jsonl"
+    assert main(["replay", str(warc), "-o", str(out), "-q"]) == 0
+    real = [d for d in _decisions(out) if d["decision"] == "drop"][0]
+    odd = [None, True, -1, 1e308, "x#y", "", [], ["a"], {}, {"page_id": [], "url": 5}]
+    mangled = [{**real, name: value} for name in real for value in odd]
+    bad = tmp_path / "mangled.jsonl"
+    bad.write_text("\n".join(json.dumps(d) for d in mangled) + "\n")
+    report = tmp_path / "r.html"
+    assert main(["report", str(bad), str(warc), "-o", str(report)]) in (0, 1)
+    page = report.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")

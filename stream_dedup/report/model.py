@@ -145,7 +145,7 @@ class Tally:
         names = ("containment",) if reason == "contained" else ("jaccard", "resemblance")
         for name in names:
             v = number(d.get(name))
-            if v is not None and group in ("drop", "verified-distinct"):
+            if v is not None and 0 <= v <= 1 and group in ("drop", "verified-distinct"):
                 self.scores.setdefault(f"{name} {group}", []).append(v)
 
     def _cluster(self, d: dict[str, Any], position: int, decision: str, reason: str,

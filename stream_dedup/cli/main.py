@@ -1,5 +1,6 @@
-"""`stream-dedup replay | serve | index | curve | clusters | sample`: parse arguments ->
-Settings -> run (the settings' flags: cli/settings.py; `index`: cli/index.py)."""
+"""`stream-dedup replay | serve | index | curve | clusters | report | sample`: parse arguments
+-> Settings -> run (the settings' flags: cli/settings.py; `index`: cli/index.py; `report`:
+cli/report.py)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from stream_dedup.cli.index import add_parser as add_index_parser
+from stream_dedup.cli.report import add_parser as add_report_parser
 from stream_dedup.cli.settings import setting_flags, settings_of
 from stream_dedup.config import Settings
 from stream_dedup.errors import ConfigError, StreamDedupError
@@ -38,6 +40,7 @@ examples:
   stream-dedup replay demo/sample.warc.gz demo/sample.jsonl -o decisions.jsonl
   stream-dedup replay crawl-*.warc.gz --workers 2 --summary-json summary.json -o -
   stream-dedup replay pages.jsonl --verify-rate 0.1 --boilerplate -o out.jsonl
+  stream-dedup replay crawl.warc.gz -o d.jsonl --report report.html   # + an HTML page
 
 inputs: WARC and ARC files (gzipped or not) and JSONL pages, one object a line:
   {"url": ..., "html": "<html>..."}  or  {"url": ..., "body_b64": "..."}
@@ -139,6 +142,7 @@ def _bad_inputs(unreadable: Sequence[str], allowed: bool) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from stream_dedup.cli.report import run_settings, write_report
     from stream_dedup.replay.run import replay
     from stream_dedup.sinks.files import JsonlSink
 
@@ -150,8 +154,10 @@ def _replay(args: argparse.Namespace) -> int:
         raise ConfigError("replay needs -o/--output FILE (or --to-kafka TOPIC)")
     if args.to_kafka_format != "json" and not args.to_kafka:
         raise ConfigError("--to-kafka-format says how --to-kafka sends: it needs --to-kafka")
+    if args.report and (args.to_kafka or args.output == "-"):
+        raise ConfigError("--report reads the decisions back from -o FILE: give a file")
     for path, flag in ((args.output, "-o"), (args.dead_letter, "--dead-letter"),
-                       (args.summary_json, "--summary-json")):
+                       (args.summary_json, "--summary-json"), (args.report, "--report")):
         _writable(path, flag)
     missing = [p for p in args.inputs if not Path(p).exists()]
     if missing and not args.allow_bad_inputs:
@@ -197,8 +203,12 @@ def _replay(args: argparse.Namespace) -> int:
     elif summary.unreadable:
         print("\n".join(f"stream-dedup: unreadable input: {why}" for why in summary.unreadable),
               file=sys.stderr)
+    done = {**summary.to_dict(), "settings": run_settings(settings)}
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary.to_dict(), indent=2) + "\n")
+        Path(args.summary_json).write_text(json.dumps(done, indent=2) + "\n")
+    if args.report:
+        write_report(args.output, args.inputs, Path(args.report), run_info=done,
+                     boilerplate=settings.boilerplate)
     return _bad_inputs(summary.unreadable, args.allow_bad_inputs)
 
 
@@ -286,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--dead-letter", metavar="FILE",
                     help="also write rejected inputs (error + original bytes) as JSON lines")
     rp.add_argument("--summary-json", metavar="FILE", help="write the summary as JSON too")
+    rp.add_argument("--report", metavar="FILE", help="then write the HTML report of the "
+                    "decisions and these crawls (as `stream-dedup report`)")
     rp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
     rp.add_argument("--allow-bad-inputs", "--keep-going", action="store_true",
@@ -321,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=_serve)
 
     add_index_parser(sub)
+    add_report_parser(sub)
 
     cp = sub.add_parser("curve", help="print (or plot) the filter's acceptance curve P_{k,s,r}",
                         description="The probability that two pages of resemblance rho share "

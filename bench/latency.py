@@ -192,7 +192,7 @@ async def phase(ctx: Context, code: str, rnd: int, kind: str, rate: float,
     await create_topics(bootstrap, {t.decisions: {}, t.kept: {}, t.dead: {}})
     watcher = Watcher(bootstrap, t.decisions)
     await watcher.start()
-    flags = ["--workers", str(args.workers)]
+    flags = ["--workers", str(args.workers), *(["--exactly-once"] if args.exactly_once else [])]
     if args.batch_size:
         flags += ["--batch-size", str(args.batch_size)]
     svc = Service(bootstrap, t, flags, ctx.logs / f"{tag}.log", code=ctx.codes[code])
@@ -214,7 +214,7 @@ async def phase(ctx: Context, code: str, rnd: int, kind: str, rate: float,
         code_rc = svc.stop()
         await watcher.stop()
         try:
-            await delete_topics(bootstrap, t.all(False))
+            await delete_topics(bootstrap, t.all(args.exactly_once))
         except Exception as exc:  # a topic left behind must not hide the figures
             print(f"(could not delete the topics of {tag}: {exc})", file=sys.stderr)
     sent = [watcher.first[s][1] - ms for s, ms in created.items()]
@@ -352,6 +352,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="a near-duplicate follows its page by N pages (41; made odd)")
     ap.add_argument("--workers", type=int, default=1, help="serve --workers (1)")
     ap.add_argument("--batch-size", type=int, metavar="N", help="serve --batch-size")
+    ap.add_argument("--exactly-once", action="store_true",
+                    help="serve --exactly-once (\"sent\" is then before the transaction "
+                    "commits; \"visible\" after)")
     ap.add_argument("--bootstrap", metavar="HOST:PORT", help="a running broker to use")
     ap.add_argument("--logs", type=Path, metavar="DIR", help="keep the service logs here")
     args = ap.parse_args(argv)
@@ -380,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     mean_kb = sum(len(b) for b, _ in bodies) / len(bodies) / 1e3
     print(f"- pages: {len(bodies)} distinct corpus bodies of 1-{args.max_kb:g} kB, text "
           f"mostly ASCII letters (mean {mean_kb:.1f} kB), letters permuted per page; "
-          f"serve --workers {args.workers}; logs in {logs}")
+          f"serve --workers {args.workers}{' --exactly-once' if args.exactly_once else ''}; "
+          f"logs in {logs}")
     broker = Broker(None, args.bootstrap) if args.bootstrap else Broker.start(work / "kafka")
     print(f"- broker: {broker.bootstrap}\n", flush=True)
     ctx = Context(broker, args, bodies, codes, logs, uuid.uuid4().hex[:6])

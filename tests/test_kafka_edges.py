@@ -8,13 +8,15 @@ import logging
 import struct
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
+from stream_dedup import Settings
 from stream_dedup.kafka.batches import BatchFormatError, raw_header_key, read_batch
-from stream_dedup.kafka.client import RateLimitedLog
+from stream_dedup.kafka.client import RateLimitedLog, partition_of, producer_kwargs
 from stream_dedup.kafka.decisions import Record, Topics, messages_for
 from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.kafka.tolerating import ToleratingRecords
@@ -185,3 +187,19 @@ def test_rate_limited_log_keeps_a_few_lines_per_interval_and_counts_the_rest() -
     now[0] = 11
     first = rec("Unable connect to node")
     assert limiter.filter(first) and "997 similar lines dropped" in first.getMessage()
+
+
+def test_the_producer_partitions_by_key_as_aiokafka_does_but_one_partition_unhashed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """partition_of: murmur2 of the key modulo the partitions, as aiokafka's default; with
+    one partition, that partition without hashing the key."""
+    keys = [f"https://a.example/{i}".encode() for i in range(200)] + [b""]
+    for n in (2, 3, 12):
+        parts = list(range(n))
+        assert [partition_of(k, parts, parts) for k in keys] == [
+            DefaultPartitioner()(k, parts, parts) for k in keys]
+    hashed: list[bytes] = []
+    monkeypatch.setattr("aiokafka.partitioner.murmur2", lambda k: hashed.append(k) or 0)
+    assert partition_of(b"https://a.example/", [7], [7]) == 7 and partition_of(None, [7], []) == 7
+    assert hashed == []
+    assert producer_kwargs(Settings())["partitioner"] is partition_of

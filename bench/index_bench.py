@@ -1,7 +1,8 @@
 """Feature index benchmark: memory vs LSM vs Redis in one run, through the index seam.
 
-For N pages (generated: --keys random 64-bit index keys, 13 by default: 6 features, 5
-band keys and 2 containment keys, as the deduplicator's defaults give; raw and canonical
+For N pages (generated: --keys random 64-bit index keys, 15 by default: 6 features, 5
+band keys and 4 stored containment keys, as the deduplicator's defaults give (the keys a
+page only asks with, contain_query_keys beyond those, are not modelled); raw and canonical
 fingerprints, a URL key (one URL per page; --no-url-keys: none), an 84-value sketch, a
 200-byte LD signature, a 50-byte URL and a --shingle-bytes shingle set per page) it drives
 each backend as the deduplicator does, per batch of --batch pages: one `lookup` (exact
@@ -163,9 +164,10 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=500, help="pages per commit (500)")
     parser.add_argument("--dup-share", type=float, default=0.2)
     parser.add_argument("--tmp", default=None, help="where the LSM directory goes")
-    parser.add_argument("--keys", type=int, default=13,
-                        help="index keys a page: features + band keys + containment keys "
-                        "(13 = 6 + 5 + 2, the defaults; 6 with --bands 0 --contain-keys 0)")
+    parser.add_argument("--keys", type=int, default=15,
+                        help="index keys a page: features + band keys + stored containment "
+                        "keys (15 = 6 + 5 + 4, the defaults; 6 with --bands 0 "
+                        "--contain-keys 0)")
     parser.add_argument("--no-url-keys", dest="url_keys", action="store_false",
                         help="pages without a URL key (before recrawls were indexed)")
     parser.add_argument("--shingle-bytes", type=int, default=4_416,

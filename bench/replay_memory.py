@@ -26,8 +26,8 @@ The synthetic crawl is a JSONL file written at run time (in --tmp, deleted after
 reads regular files, not pipes): page i is `{"url": "https://site-<i % 5000>.example.com/
 a/<i>", "html": "<html><head><title>..</title></head><body><p>64 words</p></body></html>"}`,
 its 64 words drawn uniformly from a 4,096-word vocabulary (seeded): ~520 bytes of JSON,
-~420 of HTML, 57 shingles of 8 words, so every page has its 6 features, 5 band keys and 2
-containment keys (>= 50 shingles) and nearly every page is distinct and kept. The record
+~420 of HTML, 57 shingles of 8 words, so every page has its 6 features, 5 band keys and 4
+stored containment keys (>= 25 shingles) and nearly every page is distinct and kept. The record
 file (sketch, shingle set, LD signature: ~600 bytes a page here) is on disk, not in RSS.
 
 `--before CHECKOUT` measures an older checkout too, the two alternated at each size (A B,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from stream_dedup.core.contain import CONTAIN_MAX
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import ConfigError
 from stream_dedup.security import read_properties, read_secret
@@ -74,11 +75,14 @@ class Settings:
     # kept page lists the earlier kept pages it contains this much ("contains"). Measured
     # exactly on the two pages' shingle sets (MOD-m samples past 8,192 shingles). 0: off.
     contain_min: float = 0.90
-    # Containment keys a page: single min-hashes as index keys (8 bytes each in memory),
-    # which find a page inside a larger one (J = |A| / |B|) where features and bands do not
-    contain_keys: int = 2
+    # Containment keys a page stores: its bottom-k shingles in one random order (core/sketch.py
+    # contain_keys; index keys, 8 bytes each in memory), which find a page inside a larger
+    # one (J = |A| / |B|) where features and bands do not; a page asks with its bottom
+    # contain_query_keys (lookups, not memory), which find an earlier page inside it
+    contain_keys: int = 4
+    contain_query_keys: int = 8
     # Pages with fewer shingles are not "contained" anywhere, nor listed in `contains`
-    contain_min_shingles: int = 50
+    contain_min_shingles: int = 25
     # Candidates whose shared containment key has this many pages or more are not tried: a
     # shingle that common is a site's template, not text (Broder et al. 1997 drop them too)
     contain_common: int = 8
@@ -205,9 +209,9 @@ class Settings:
         if self.contain_keys < 0 or self.contain_common < 1 or self.contain_max_candidates < 1:
             raise ConfigError("contain_keys must be >= 0, contain_common and "
                               "contain_max_candidates >= 1")
-        if self.bands * self.band_size + self.contain_keys > params.num_perm:
-            raise ConfigError(f"bands x band_size + contain_keys must fit in the "
-                              f"{params.num_perm} min-hashes")
+        if not self.contain_keys <= self.contain_query_keys <= CONTAIN_MAX:
+            raise ConfigError(f"contain_query_keys must be in contain_keys..{CONTAIN_MAX}, "
+                              f"got {self.contain_query_keys}")
         if self.bands < 0 or self.band_size < 1 or \
                 self.bands * self.band_size > params.num_perm:
             raise ConfigError(f"bands ({self.bands}) x band_size ({self.band_size}) must fit "

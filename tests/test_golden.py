@@ -43,10 +43,14 @@ pytestmark = [
 # move): 8 draft revisions at c8 >= 0.9 inside an earlier one (J8 0.73-0.79) are dropped
 # `contained` (4 were kept, 4 were near-duplicates of one of those), and so is their second
 # reading (4 were `unchanged`, 4 `near`: their URLs hold no version now); 6 kept revisions
-# list the earlier one they contain; a decision's containment projects too.
+# list the earlier one they contain; a decision's containment projects too. Both again at
+# issue 47 (containment keys: bottom-4 stored, bottom-8 asked; a near drop of a page inside
+# the one it names, not the other way too, says `contained`): no keep or drop moved; 4
+# revisions dropped `near-verified` at J8 0.81-0.85 are `contained` (c8 0.91-0.95), and 3
+# of them again in the second reading; 3 more kept revisions list the one they contain.
 GOLDEN = {
-    "default": "05c94c5ca2eba25a72611203d54923b0b7ba24f8ab796929d0aa20f8ee5e3664",
-    "sampled": "cf8c995374f79482b77a7a9cde325fce286b2f0d737897c0c11161a5dda57383",
+    "default": "5e43384d015d80d1c9012f4c4ec76343b3972906b2c46438545eb104cc3760ef",
+    "sampled": "e24f5bdfb213515bdf0273a72b72716b20b13e0e82686a5d6c88b2a9a4727678",
     "estimate": "27bdafdde073bab0da510ccf0802318bc757495d7c8432f8ebee7a4e8aa51eba",
     "estimate-sampled": "0fdc9341c5fdb509fd6e2fbb789be971751a7b3d0e399b8a6f8250edd2a9db48",
 }

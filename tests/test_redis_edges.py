@@ -16,7 +16,7 @@ from stream_dedup import Settings
 from stream_dedup.decide.step import decide_batch
 from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
-from stream_dedup.index import index_for
+from stream_dedup.index import contain_options, index_for
 from stream_dedup.index.base import Claim
 from stream_dedup.index.redis.backend import RedisIndex
 from stream_dedup.metrics import Metrics
@@ -101,7 +101,7 @@ def test_members_whose_lease_ran_out_do_not_hide_a_kept_copy(url: str) -> None:
     out, and later copies still find the one that is kept."""
     settings = Settings(index="redis", redis_url=url)
     body = "Page not found"  # short: exact layers only
-    dead = RedisIndex(url, settings.params.stamp)
+    dead = RedisIndex(url, settings.params.stamp, **contain_options(settings))
     dead.leases.lease_ms = 1
     a = Analyzer(settings).analyze(page("http://x/dead", body))
     dead.lookup([page_probe(a, pid, 0) for pid in dead.local_ids(40)])
@@ -118,7 +118,7 @@ def test_a_page_waits_for_an_older_one_as_long_as_it_takes(url: str) -> None:
     settings = Settings(index="redis", redis_url=url)
     now = int(time.time() * 1000)
     older = page("http://x/q", TEXT, position_id(now, 0, 0))
-    other = RedisIndex(url, settings.params.stamp)
+    other = RedisIndex(url, settings.params.stamp, **contain_options(settings))
     qa = Analyzer(settings).analyze(older)
     assert older.position is not None
     other.lookup([page_probe(qa, older.position, 0)])  # registered: pending on the other instance
@@ -144,8 +144,9 @@ def test_a_page_waits_for_an_older_one_as_long_as_it_takes(url: str) -> None:
 def test_a_ranking_the_batch_changes_reads_only_records_it_has(url: str) -> None:
     """Full posting lists (max_posting 2) that the batch's own kept pages push stored
     candidates out of: the decide step may then rank a candidate the index's own ranking
-    left out; Redis decides as memory does (before: a KeyError)."""
-    settings = Settings(max_posting=2)
+    left out; Redis decides as memory does (before: a KeyError). (The pages are made by
+    hand: 6 features, no shingle sets, so no containment keys.)"""
+    settings = Settings(max_posting=2, contain_min=0)
     rng = np.random.default_rng(1)
     now = int(time.time() * 1000)
 
@@ -164,7 +165,8 @@ def test_a_ranking_the_batch_changes_reads_only_records_it_has(url: str) -> None
             (analysis("P", [111, 222, 333, *(uniq() for _ in range(3))]), position_id(now, 0, 11))]
     results = {}
     for name, index in (("memory", index_for(settings)),
-                        ("redis", RedisIndex(url, settings.params.stamp, settings.max_posting))):
+                        ("redis", RedisIndex(url, settings.params.stamp, settings.max_posting,
+                                                   **contain_options(settings)))):
         out: list[Decision] = []
         for batch in [[p] for p in pages] + [last]:
             probes = [page_probe(a, pid, 0) for a, pid in batch]
@@ -188,7 +190,7 @@ def test_many_instances_start_at_once(url: str) -> None:
     def open_one() -> None:
         barrier.wait()
         try:
-            opened.append(RedisIndex(url, settings.params.stamp))
+            opened.append(RedisIndex(url, settings.params.stamp, **contain_options(settings)))
         except BaseException as exc:  # noqa: BLE001 (reported below)
             errors.append(exc)
 
@@ -231,7 +233,7 @@ def test_a_stop_ends_a_wait_on_a_live_instance_after_the_grace(url: str) -> None
     settings = Settings(index="redis", redis_url=url, batch_size=10)
     now = int(time.time() * 1000)
     older = page("http://x/q", TEXT, position_id(now, 0, 0))
-    other = RedisIndex(url, settings.params.stamp)
+    other = RedisIndex(url, settings.params.stamp, **contain_options(settings))
     qa = Analyzer(settings).analyze(older)
     assert older.position is not None
     other.lookup([page_probe(qa, older.position, 0)])  # pending there, for as long as it lives

@@ -18,7 +18,7 @@ from stream_dedup import Settings
 from stream_dedup.decide.step import Verdict, decide_batch
 from stream_dedup.decide.verdicts import Analysis
 from stream_dedup.errors import IndexUnavailable
-from stream_dedup.index import RAW
+from stream_dedup.index import RAW, contain_options
 from stream_dedup.index.base import WAIT, Answer, Claim
 from stream_dedup.index.redis.backend import RedisIndex
 from stream_dedup.index.redis.layout import REF_BYTES, SHARDS, id_bytes, set_members
@@ -55,7 +55,8 @@ def open_two(redis_url: str, request: pytest.FixtureRequest) -> tuple[RedisIndex
     if request.param == "records in a store":
         store = request.getfixturevalue("redis_single_url")
         flush_redis(store)
-    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, records_url=store) for _ in range(2))
+    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, records_url=store,
+                                 **contain_options(SETTINGS)) for _ in range(2))
     return a, b
 
 
@@ -225,7 +226,8 @@ def test_a_page_given_up_is_released_at_once(two) -> None:  # type: ignore[no-un
 
 def test_an_index_closed_releases_the_pages_it_holds(redis_url: str) -> None:
     flush_redis(redis_url)
-    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp) for _ in range(2))
+    a, b = (RedisIndex(redis_url, SETTINGS.params.stamp, **contain_options(SETTINGS))
+            for _ in range(2))
     ask(a, OLD_PAGE, OLD)
     assert ask(b, YOUNG_PAGE, YOUNG).prior == WAIT
     a.close()  # a stop: nobody waits for what it was deciding

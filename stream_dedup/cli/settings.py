@@ -82,9 +82,12 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("contain_min", "drop a page at least this contained in an earlier kept page "
              "('contained'); list the earlier kept pages this much inside a kept one "
              "('contains'); 0: off", "X"),
-        Flag("contain_keys", "containment keys a page (single min-hashes as index keys, 8 B "
-             "each in memory): a page inside one k times its size shares one with chance "
-             "1 - (1 - 1/k)**N", "N"),
+        Flag("contain_keys", "containment keys a page stores (its bottom-N shingles in one "
+             "random order, as index keys, 8 B each in memory): a page inside one k times "
+             "its size holds one with chance ~1 - (1 - 1/k)**N", "N"),
+        Flag("contain_query_keys", "containment keys a page asks with (its bottom N: "
+             "lookups, not memory): an earlier page k times smaller inside it is found with "
+             "chance ~1 - (1 - 1/k)**N", "N"),
         Flag("contain_min_shingles", "pages with fewer shingles are never 'contained' nor "
              "listed in 'contains'", "N"),
         Flag("contain_common", "a containment key this many kept pages share is a "

@@ -18,6 +18,7 @@
  *               sketch_page(...)                  shingles, min-hashes, features, band keys,
  *                                                 signature, shingles' top halves in one call
  *               set_overlap(x, y, mask)           two pages' shingle tops: exact Jaccard counts
+ *               contain_keys(tops, q, tag, none)  their q smallest in the containment order
  *   _ldsig.c    ld_signature(cps, c, mult)        Coates' signature bytes
  *   _memtable.c multimap_get(runs, mem, k, cap)   values of keys in the memory index (runs,
  *                                                 then memtable; with `each`, a list per key)
@@ -291,6 +292,9 @@ static PyMethodDef methods[] = {
     {"set_overlap", set_overlap, METH_VARARGS,
      "set_overlap(x, y, mask) -> (a, b, common): two pages' shingle tops' exact Jaccard "
      "counts"},
+    {"contain_keys", contain_keys, METH_VARARGS,
+     "contain_keys(tops, asked, tag, none) -> uint64 bytes: the asked smallest shingle tops "
+     "in the containment order (bit-reversed), as keys"},
     {"multimap_get", multimap_get, METH_VARARGS,
      "multimap_get(runs, mem, keys, cap, each=False) -> list[int]: the values of the keys "
      "(uint64 buffer or int) in the sorted runs (the last cap per run) and the memtable; with "

@@ -344,3 +344,54 @@ done:
     return result;
 }
 
+
+/* contain_keys(tops, asked, tag, none) -> uint64 bytes: the `asked` smallest distinct values
+ * of the shingle tops (uint32, any order, repeats allowed) in the containment order (each
+ * value bit-reversed), ascending, each as reversed | tag; fewer values than asked: the rest
+ * i | none. sketch.py's contain_keys (numpy) defines the same keys. One pass, the smallest
+ * kept sorted: past the first few values most are larger than the largest kept. */
+static inline uint32_t reverse32(uint32_t v) {
+    v = ((v >> 1) & 0x55555555u) | ((v & 0x55555555u) << 1);
+    v = ((v >> 2) & 0x33333333u) | ((v & 0x33333333u) << 2);
+    v = ((v >> 4) & 0x0F0F0F0Fu) | ((v & 0x0F0F0F0Fu) << 4);
+    v = ((v >> 8) & 0x00FF00FFu) | ((v & 0x00FF00FFu) << 8);
+    return (v >> 16) | (v << 16);
+}
+
+PyObject *contain_keys(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    Py_ssize_t asked;
+    unsigned long long tag, none;
+    if (!PyArg_ParseTuple(args, "y*nKK", &x, &asked, &tag, &none)) return NULL;
+    if (asked < 0 || asked > 4096) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "contain_keys asks 0..4096 keys");
+        return NULL;
+    }
+    uint32_t low[4096];
+    Py_ssize_t have = 0, n = x.len / 4;
+    const unsigned char *p = x.buf;
+    for (Py_ssize_t i = 0; i < n && asked; i++) {
+        uint32_t t;
+        memcpy(&t, p + 4 * i, 4); /* little-endian, as shingle_tops writes them (x86) */
+        uint32_t v = reverse32(t);
+        if (have == asked && v >= low[have - 1]) continue;
+        Py_ssize_t lo = 0, hi = have; /* first slot >= v */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (low[mid] < v) lo = mid + 1; else hi = mid;
+        }
+        if (lo < have && low[lo] == v) continue;
+        Py_ssize_t end = have < asked ? have : asked - 1;
+        memmove(low + lo + 1, low + lo, (size_t)(end - lo) * 4);
+        low[lo] = v;
+        if (have < asked) have++;
+    }
+    PyBuffer_Release(&x);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, asked * 8);
+    if (out == NULL) return NULL;
+    uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < asked; i++)
+        keys[i] = i < have ? ((uint64_t)low[i] | tag) : ((uint64_t)(i - have) | none);
+    return out;
+}

@@ -34,6 +34,7 @@ import numpy as np
 import xxhash
 
 from stream_dedup.core import ldsig
+from stream_dedup.core.contain import CONTAIN_MAX, contain_keys
 from stream_dedup.core.hashing import MASK64, U64, golden, mix64, mix64_int, odd_constants
 from stream_dedup.errors import ConfigError
 
@@ -106,25 +107,26 @@ class Sketcher:
     the layout: keys of two layouts never meet). Pages of resemblance J share a band with
     probability 1 - (1 - J**r)**b: candidates for verification, not a decision.
 
-    `contain` containment keys after the band keys: min-hashes b*r ... b*r+contain-1
-    themselves, each with its position in the high 32 bits. A page A inside B (c(A, B) = 1)
-    has J = |A| / |B|, and its min-hash equals B's with that probability: two keys find an
-    excerpt of half an article with probability 0.75, where a band of 4 finds it with 0.06
+    `contain` (k, q): q containment keys after the band keys, the page's q smallest
+    shingles in the containment order (core/contain.py), of which a kept page stores the
+    first k: an excerpt of half an article is found with chance ~0.94 at k = 4 (two
+    min-hashes: 0.75), an article inside a page three times its size at q = 8 with 0.96
     (docs/reference.md, containment)."""
 
     def __init__(self, params: Params, bands: tuple[int, int] = (0, 1), sets: bool = True,
-                 contain: int = 0) -> None:
+                 contain: tuple[int, int] = (0, 0)) -> None:
         self.params = params
         n = params.num_perm
         b, r = bands
-        if b < 0 or r < 1 or contain < 0 or b * r + contain > n:
-            raise ConfigError(f"bands {b} x band_size {r} and {contain} containment keys need "
-                              f"bands >= 0, band_size >= 1 and bands * band_size + "
-                              f"containment keys <= {n} min-hashes")
+        stored, asked = contain
+        if b < 0 or r < 1 or b * r > n:
+            raise ConfigError(f"bands {b} x band_size {r} need bands >= 0, band_size >= 1 "
+                              f"and bands * band_size <= {n} min-hashes")
+        if not 0 <= stored <= asked <= CONTAIN_MAX or (stored and not sets):
+            raise ConfigError(f"containment keys: {stored} stored, {asked} asked need "
+                              f"0 <= stored <= asked <= {CONTAIN_MAX}, and shingle sets")
         self.bands = (b, r)
-        self.contain = contain
-        self._contain_at = b * r
-        self._contain_pos = np.arange(contain, dtype=np.uint64) << np.uint64(32)
+        self.contain = (stored, asked) if stored else (0, 0)
         self.sets = sets  # False: `page` returns no shingle set (b"")
         self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
@@ -147,8 +149,9 @@ class Sketcher:
         if _native is None:
             x = self.shingles(token_hashes)
             sk = self.sketch(x)
-            return (sk, self.keys(sk), ldsig.signature(codepoints, p.ld_c, p.ld_n),
-                    shingle_tops(x, sk) if self.sets else b"")
+            tops = shingle_tops(x, sk) if self.sets else b""
+            return (sk, self.keys(sk, tops), ldsig.signature(codepoints, p.ld_c, p.ld_n),
+                    tops)
         sk_b, keys_b, sig, tops = _native.sketch_page(
             np.ascontiguousarray(token_hashes, dtype=np.uint64), self._shingle_mult, self._a,
             self._b, self._family, p.groups, self._feature_seed,
@@ -157,9 +160,10 @@ class Sketcher:
         )
         sk = np.frombuffer(sk_b, dtype=np.uint32)
         keys = np.frombuffer(keys_b, dtype=np.uint64)
-        if self.contain:
-            keys = np.concatenate((keys, self.contain_keys(sk)))
-        return sk, keys, sig, _capped(tops)
+        tops = _capped(tops)
+        if self.contain[0]:
+            keys = np.concatenate((keys, contain_keys(tops, self.contain[1])))
+        return sk, keys, sig, tops
 
     # --- shingles -----------------------------------------------------------------
     def shingles(self, token_hashes: np.ndarray) -> np.ndarray:
@@ -216,18 +220,14 @@ class Sketcher:
         for each of its s min-hashes v in order (the kernel computes the same in `page`)."""
         return _chain(sketch, self.params.groups, self.params.group_size, self._feature_seed)
 
-    def keys(self, sketch: np.ndarray) -> np.ndarray:
+    def keys(self, sketch: np.ndarray, tops: bytes = b"") -> np.ndarray:
         """The k features, then the band keys (the same chain: b groups of r, band seed),
-        then the containment keys."""
+        then the containment keys of the page's `shingle_tops` (asked: q of them)."""
         b, r = self.bands
-        return np.concatenate((self.features(sketch),
-                               _chain(sketch[: b * r], b, r, self._band_seed),
-                               self.contain_keys(sketch)))
-
-    def contain_keys(self, sketch: np.ndarray) -> np.ndarray:
-        """The containment keys: min-hash j (after the bands') with j in the high half."""
-        at = self._contain_at
-        return sketch[at : at + self.contain].astype(np.uint64) | self._contain_pos
+        parts = [self.features(sketch), _chain(sketch[: b * r], b, r, self._band_seed)]
+        if self.contain[0]:
+            parts.append(contain_keys(tops, self.contain[1]))
+        return np.concatenate(parts)
 
     # --- plain reference (tests) ---------------------------------------------------
     @cached_property

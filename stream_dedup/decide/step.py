@@ -49,7 +49,8 @@ from time import perf_counter
 
 from stream_dedup.config import Settings
 from stream_dedup.core import ldsig
-from stream_dedup.core.sketch import jaccard, overlap, resemblance
+from stream_dedup.core.sketch import jaccard, resemblance
+from stream_dedup.decide.containment import containment
 from stream_dedup.decide.verdicts import (
     OVERLAY,
     Analysis,
@@ -65,14 +66,12 @@ from stream_dedup.decide.verdicts import (
 from stream_dedup.index.base import (
     Answer,
     StoredDoc,
-    contain_candidates,
     near_candidates,
     weak_candidates,
 )
 from stream_dedup.models import (
     CANONICAL,
     CHANGED,
-    CONTAINED,
     EXACT,
     NEAR,
     NEAR_VERIFIED,
@@ -81,7 +80,6 @@ from stream_dedup.models import (
     UNCHANGED,
     UNIQUE,
     VERIFIED_DISTINCT,
-    Contained,
     Decision,
 )
 
@@ -285,15 +283,15 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: BatchDoc
     gone = overlay.retired | {version} if version is not None else overlay.retired
     if gone:  # neither the URL's version nor one replaced in this batch is a candidate
         found = [c for c in found if c[0] not in gone]
-    nc = s.contain_keys if s.contains_on else 0  # the last keys: containment's
+    nc = s.contain_query_keys if s.contains_on else 0  # the last keys: containment's
     resembling = postings[: len(postings) - nc]
     weak = (weak_candidates(resembling, s.groups) if not found and s.verify_single_feature
             else [])
     if gone and weak:
         weak = [c for c in weak if c[0] not in gone]
     v = _resemble(a, pid, key, kept, keep_ids, docs, overlay, s, version, found, weak)
-    if v.doc is not None and nc:  # a keep: is it inside a kept page, or one inside it?
-        v = _containment(a, v, postings, nc, docs, overlay, s, gone)
+    if nc:  # a keep: is it inside a kept page, or one inside it? a near drop: inside it?
+        v = containment(a, v, postings, nc, docs, overlay, s, gone, weak or found)
     return v
 
 
@@ -324,39 +322,6 @@ def _resemble(a: Analysis, pid: int, key: int, kept: str, keep_ids: bool, docs: 
                           jaccard=j)
     confirmed.verify_s = perf_counter() - started
     return confirmed
-
-
-def _containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, docs: BatchDocs,
-                 overlay: Overlay, s: Settings, gone: set[int]) -> Verdict:
-    """A page about to be kept: dropped as `contained` when at least contain_min of its
-    shingles are in an earlier kept page, else `contains` lists the earlier kept pages that
-    much inside it. Candidates: the pages sharing a containment key (not one of a site's
-    template: fewer than contain_common pages share it), most keys shared first, then
-    oldest; measured on the shingle sets (exactly, or their MOD-m samples)."""
-    ranked = contain_candidates(postings, nc, s.contain_common, gone) if a.shingles else []
-    if not ranked:
-        return v
-    started = perf_counter()
-    inside: list[Contained] = []
-    for handle in ranked[: s.contain_max_candidates]:
-        doc = docs[handle]
-        if not doc.shingles:
-            continue
-        n_a, n_b, common = overlap(a.shingles, doc.shingles)
-        if n_a and common >= s.contain_min * n_a and a.shingle_count >= s.contain_min_shingles:
-            dropped = drop_verdict(a, CONTAINED, handle, docs, overlay,
-                            jaccard=common / (n_a + n_b - common), verified=True,
-                            containment=round(common / n_a, 4))
-            dropped.verify_s = v.verify_s + perf_counter() - started
-            return dropped
-        if n_b >= s.contain_min_shingles and common >= s.contain_min * n_b:
-            inside.append(Contained(doc.page_id, doc.url, round(common / n_b, 4)))
-    if inside:
-        assert v.decision is not None
-        inside.sort(key=lambda c: -c.containment)
-        v.decision = replace(v.decision, contains=tuple(inside))
-    v.verify_s += perf_counter() - started
-    return v
 
 
 def sampled(canonical_fp: int | None, rate: float) -> bool:

@@ -78,12 +78,20 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                           retention_days=s.retention_days, threshold=s.threshold,
                           max_candidates=s.verify_max_candidates, groups=s.groups,
                           buckets=s.redis_buckets,
-                          contain=(s.contain_keys if s.contains_on else 0, s.contain_common,
-                                   s.contain_max_candidates),
+                          **contain_options(s),
                           records_url=s.redis_records_url, observe=observe,
                           security=redis_security(s))
     return SUPPORTED_INDEXES[s.index](s.params.stamp, s.max_posting,
                                       Path(s.index_path) if s.index_path else None)
+
+
+def contain_options(s: Settings) -> dict[str, Any]:
+    """A RedisIndex's containment arguments under these settings: the keys a probe ends
+    with, contain_common and contain_max_candidates; how many of them are asked only."""
+    on = s.contains_on
+    return {"contain": (s.contain_query_keys if on else 0, s.contain_common,
+                        s.contain_max_candidates),
+            "contain_asked": s.contain_query_keys - s.contain_keys if on else 0}
 
 
 __all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc",

@@ -74,7 +74,8 @@ class Analyzer:
         # Band keys serve only the near-verified tier: none stored without it.
         bands = settings.bands if settings.verify_single_feature else 0
         # Containment is measured on the shingle sets: no keys without them.
-        contain = settings.contain_keys if settings.contains_on else 0
+        contain = (settings.contain_keys, settings.contain_query_keys) \
+            if settings.contains_on else (0, 0)
         self.sketcher = Sketcher(settings.params, (bands, settings.band_size),
                                  sets=settings.verify_exact, contain=contain)
         if kernels() != "compiled":

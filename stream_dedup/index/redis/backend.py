@@ -82,7 +82,7 @@ class RedisIndex(Lifecycle):
     def __init__(self, url: str, stamp: int, max_posting: int = 64, *,
                  retention_days: float = 0.0, threshold: int = 2, max_candidates: int = 3,
                  groups: int = 6, buckets: int = BUCKETS, records_url: str = "",
-                 contain: tuple[int, int, int] = (2, 8, 2),
+                 contain: tuple[int, int, int] = (2, 8, 2), contain_asked: int = 0,
                  observe: Observe | None = None, client: Any = None,
                  security: RedisSecurity | None = None) -> None:
         super().__init__(url, client, observe, security)
@@ -92,6 +92,9 @@ class RedisIndex(Lifecycle):
         self.groups = groups  # a probe's first `groups` keys are features, then bands
         # (containment keys a probe ends with, contain_common, contain_max_candidates)
         self.contain = contain
+        # Of those, the last `contain_asked` are asked, not stored (core/sketch.py
+        # contain_keys): read, never joined, so a kept page holds what a memory index holds
+        self.contain_asked = contain_asked
         self.retention_s = int(retention_days * 86400)
         self.layout = Layout(buckets)
         # Another store for the verification records (None: the index's own): written in a
@@ -125,7 +128,7 @@ class RedisIndex(Lifecycle):
                records: Sequence[int] = ()) -> list[Answer]:
         keys, shards = [], []
         for p in probes:
-            page_keys, page_shards = self.layout.probe_shards(p)
+            page_keys, page_shards = self.layout.probe_shards(self.join_probe(p))
             keys.append(page_keys)
             shards.append(page_shards)
         priors: list[Any] = [None] * len(probes)
@@ -137,10 +140,13 @@ class RedisIndex(Lifecycle):
                     and d.decision == "keep" and d.previous is not None]
             if redo:
                 self._retire(self._replaced(redo, {}), [], 0)
+        asked = self._asked(probes, priors)  # read before the batch joins its keys
         # A page decided before (delivered again) neither joins nor reads: it has its answer.
         joined = Counter(key for page_keys, prior in zip(keys, priors, strict=True)
                          if prior is None for key in page_keys) if register else {}
         refs, hit = self._read(probes, keys, shards, priors, joined if register else None)
+        if asked is not None:
+            self._with_asked(probes, keys, refs, hit, asked)
         own = {int.from_bytes(self._refs[p.page_id], "big"): p.page_id
                for p, prior in zip(probes, priors, strict=True) if register and prior is None}
         # Every page of another batch seen (by ref), with the smallest page of this batch
@@ -313,6 +319,12 @@ class RedisIndex(Lifecycle):
         """A stop: pages waiting for another instance's give up (IndexUnavailable)."""
         self.interrupted.set()
 
+
+    def join_probe(self, p: Probe) -> Probe:
+        if not self.contain_asked or p.features is None:
+            return p
+        return Probe(p.page_id, p.raw_fp, p.canonical_fp,
+                     p.features[: p.features.shape[0] - self.contain_asked], p.url_key)
 
     def _wanted(self, answer: Answer) -> list[int]:
         """Handles whose records the decide step may read: the exact hits and the best

@@ -44,6 +44,11 @@ class RecordRounds(ScriptClient):
     _refs: OrderedDict[int, bytes]  # page id -> ref
     _records: OrderedDict[int, StoredDoc]
 
+    def join_probe(self, p: Probe) -> Probe:
+        """A page's probe as far as it joins keys (RedisIndex's: without the keys it only
+        asks with). A probe made from a stored record has only those already."""
+        raise NotImplementedError
+
     def expire_at(self, page_id: int) -> int:
         """When a page's keys may go (epoch s): `retention_days` after its crawl time, the
         time in its id (a Kafka record's timestamp; a replay's start), and not within the
@@ -157,7 +162,8 @@ class RecordRounds(ScriptClient):
                     # ref forgotten, which a batch never is: readers' sweeps take it out)
                     ref = self._refs.get(c.probe.page_id)
                     if ref is not None:
-                        leave += self._leave(ref, *self.layout.probe_shards(c.probe))
+                        joined = self.join_probe(c.probe)
+                        leave += self._leave(ref, *self.layout.probe_shards(joined))
                     if c.probe.page_id in self._unkept:
                         unkept.append(c.probe.page_id)
                 else:
@@ -170,7 +176,8 @@ class RecordRounds(ScriptClient):
         """Versions to retire, each with its keys as its probe gave them: `in_batch`'s
         known, `stored`'s from their verification records (None: gone, the record only)."""
         docs = self._docs(list(dict.fromkeys(stored))) if stored else {}
-        out: list[tuple[int, Probe | None]] = list(in_batch.items())
+        out: list[tuple[int, Probe | None]] = [(q, self.join_probe(p))
+                                               for q, p in in_batch.items()]
         out += [(q, doc_probe(docs[q]) if q in docs else None) for q in stored]
         return out
 

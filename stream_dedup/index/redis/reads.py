@@ -25,6 +25,7 @@ class SetRounds(RecordRounds):
     """Rounds on the sets (RedisIndex sets up the state)."""
 
     cap: int
+    contain_asked: int  # the asked-only containment keys a probe ends with
     interrupted: threading.Event  # a stop: waiting pages give up
     _waiting: dict[int, float]  # page id -> when it first waited
 
@@ -91,6 +92,33 @@ class SetRounds(RecordRounds):
                 sets[ks[k - 1]] = sorted(map(int.from_bytes, ids))
                 hit[page] = True
         return out, hit
+
+    def _asked(self, probes: Sequence[Probe], priors: list[Any]
+               ) -> tuple[list[list[bytes]], list[list[list[int]]]] | None:
+        """Each page's asked-only containment keys and their sets, read (not joined)."""
+        n = self.contain_asked
+        if not n:
+            return None
+        keys = [[] if p.features is None else
+                [self.layout.set_key(b"", v) for v in p.features[-n:].tolist()]
+                for p in probes]
+        shards = [[] if p.features is None else [v % SHARDS for v in p.features[-n:].tolist()]
+                  for p in probes]
+        sets, _ = self._read(probes, keys, shards, priors, None)
+        return keys, sets
+
+    def _with_asked(self, probes: Sequence[Probe], keys: list[list[bytes]],
+                    refs: list[list[list[int]]], hit: list[bool],
+                    asked: tuple[list[list[bytes]], list[list[list[int]]]]) -> None:
+        """The asked-only keys and their sets after the page's features, before its URL's
+        key (the order of the probe's keys); a page whose asked sets hold anyone read."""
+        for i, (p, page_asked, sets) in enumerate(zip(probes, *asked, strict=True)):
+            if not page_asked:
+                continue
+            at = len(keys[i]) - (1 if p.url_key else 0)
+            keys[i][at:at] = page_asked
+            refs[i][at:at] = sets
+            hit[i] = hit[i] or any(sets)
 
     def _peek(self, seen: Mapping[int, int], flag: bool, fresh: Collection[int] = ()
               ) -> tuple[dict[int, str], dict[int, int]]:

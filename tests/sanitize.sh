@@ -3,7 +3,8 @@
 #
 # Builds a sanitizer copy of the extension (stream_dedup/core/_native.c and its files) in a
 # temporary copy of the package (the in-place build the normal test run uses is left alone)
-# and runs the kernel tests, the nesting model's tests and the differential fuzz test against
+# and runs the kernel tests, the nesting model's tests, the containment keys' kernel against its
+# numpy and plain twins, and the differential fuzz test against
 # it twice: with the block path the CPU picks, and with the portable block path forced
 # (STREAM_DEDUP_TEST_BLOCK_PATH=generic, read by tests/conftest.py). The fuzz test is scaled
 # down there (STREAM_DEDUP_TEST_SANITIZERS). Any sanitizer report ends the run with a
@@ -32,7 +33,9 @@ tar -c --exclude='__pycache__' --exclude='*.so' setup.py pyproject.toml stream_d
 ls "$work"/stream_dedup/core/_native*.so >/dev/null  # optional=True must not hide a failed build
 
 tests=("$@")
-[ ${#tests[@]} -gt 0 ] || tests=(tests/test_native.py tests/test_fuzz.py tests/test_nesting.py tests/test_selectolax_versions.py)
+[ ${#tests[@]} -gt 0 ] || tests=(tests/test_native.py tests/test_fuzz.py tests/test_nesting.py tests/test_selectolax_versions.py
+                                 tests/test_contain_keys.py::test_the_kernel_numpy_and_the_reference_agree
+                                 tests/test_contain_keys.py::test_a_sampled_set_has_its_sets_smallest)
 preload="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 for path in native generic; do
   echo "== sanitizers, block path: $path"

@@ -128,7 +128,7 @@ def test_the_clusters_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     out = tmp_path / "d.jsonl"
     assert main(["replay", str(warc), str(jsonl), "-o", str(out), "-q"]) == 0
     decisions = [json.loads(line) for line in out.read_text().splitlines()]
-    (out.parent / "bad.jsonl").write_text('{"decision": "keep"\n[1]\n')
+    (out.parent / "bad.jsonl").write_bytes(b'{"decision": "keep"\n[1]\n{"url": "\xff"}\n')
     capsys.readouterr()
     assert main(["clusters", str(out), "--top", "3", "--csv", str(tmp_path / "p.csv")]) == 0
     text = capsys.readouterr().out
@@ -147,7 +147,7 @@ def test_the_clusters_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert main(["clusters", str(old), "--top", "3"]) == 0
     assert capsys.readouterr().out == text
     assert main(["clusters", str(out.parent / "bad.jsonl")]) == 1
-    assert "UNREADABLE LINES (2)" in capsys.readouterr().out
+    assert "UNREADABLE LINES (3)" in capsys.readouterr().out  # bad UTF-8: one line, no crash
     assert main(["clusters", str(tmp_path / "missing.jsonl")]) == 2
 
 

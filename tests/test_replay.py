@@ -442,3 +442,24 @@ def _group(pgid: int) -> list[int]:
         if int(fields[2]) == pgid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+def test_a_replay_without_a_metrics_reader_keeps_no_metrics(sample, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Without --http-port nobody reads a replay's metrics: prometheus_client (and tqdm,
+    under -q) is not even imported; with the port the pages are counted."""
+    warc, _, _ = sample
+    code = ("import sys; from stream_dedup.cli.main import main; "
+            f"main(['replay', {str(warc)!r}, '-q', '-o', {os.devnull!r}] + sys.argv[1:]); "
+            "print(sorted(m for m in ('prometheus_client', 'tqdm') if m in sys.modules))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=120, check=True)
+    assert quiet.stdout.strip().splitlines()[-1] == "[]"
+    import socket
+
+    with socket.socket() as free:  # a port of its own (0 is "no HTTP server")
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    served = subprocess.run([sys.executable, "-c", code, "--http-port", port],
+                            capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert served.stdout.strip().splitlines()[-1] == "['prometheus_client']"

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 SIZES = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 100), (101, None))
 CSV_FIELDS = ("source", "url", "decision", "reason", "page_id", "cluster", "cluster_url")
@@ -105,27 +105,34 @@ def _representative_url(d: dict[str, Any], cluster: str) -> str | None:
     return None
 
 
+def decision_lines(path: str) -> Iterator[tuple[int, dict[str, Any] | str]]:
+    """Each line of a JSON-lines file of decisions (`-`: standard input) with its number:
+    the decision, or why it is none ("not JSON", bad UTF-8 too; "not a decision")."""
+    fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    try:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                yield n, "not JSON"
+                continue
+            yield n, d if isinstance(d, dict) and "decision" in d else "not a decision"
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
+
+
 def read_decisions(paths: Iterable[str], unreadable: list[str]) -> Iterator[dict[str, Any]]:
-    """Each decision of the JSON-lines files (`-`: standard input); a line that is not a
-    decision object is named in `unreadable` and skipped."""
+    """Each decision of the JSON-lines files; a line that is not a decision object is named
+    in `unreadable` and skipped."""
     for path in paths:
-        fh: TextIO = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
-        try:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    d = json.loads(line)
-                except ValueError as exc:
-                    unreadable.append(f"{path}:{n}: not JSON ({exc})")
-                    continue
-                if not isinstance(d, dict) or "decision" not in d:
-                    unreadable.append(f"{path}:{n}: not a decision")
-                    continue
+        for n, d in decision_lines(path):
+            if isinstance(d, str):
+                unreadable.append(f"{path}:{n}: {d}")
+            else:
                 yield d
-        finally:
-            if fh is not sys.stdin:
-                fh.close()
 
 
 def summarize(paths: Iterable[str], csv_path: str | None = None) -> Summary:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stream_dedup.cli.clusters import decision_lines
 from stream_dedup.config import Settings
 from stream_dedup.models import Page
 from stream_dedup.report.model import BAR, Tally
@@ -134,23 +135,11 @@ def write_report(decisions: str, crawls: Sequence[str], out: Path, *,
 
 
 def read_decisions(path: str, tally: Tally) -> None:
-    fh = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-    try:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:  # UnicodeDecodeError too
-                tally.bad(f"line {n}: not JSON")
-                continue
-            if not isinstance(d, dict) or "decision" not in d:
-                tally.bad(f"line {n}: not a decision")
-                continue
+    for n, d in decision_lines(path):
+        if isinstance(d, str):
+            tally.bad(f"line {n}: {d}")
+        else:
             tally.add(d, f"line {n}")
-    finally:
-        if fh is not sys.stdin.buffer:
-            fh.close()
 
 
 def _summary(path: str, notes: list[str]) -> dict[str, Any]:

@@ -7,12 +7,19 @@ bytes it feeds in.
 from __future__ import annotations
 
 import codecs
+import random
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stream_dedup.core.decode import decode_html, decode_html_utf8, detect_charset, lookup_label
+from stream_dedup.core.decode import (
+    _detect,
+    decode_html,
+    decode_html_utf8,
+    detect_charset,
+    lookup_label,
+)
 
 RUSSIAN = (
     "Москва - столица России, город федерального значения, административный центр "
@@ -20,7 +27,8 @@ RUSSIAN = (
 )
 JAPANESE = "日本語のテキストです。これはテストです。東京は日本の首都です。" * 3
 CHINESE = "中文网页内容测试，这是一个简单的句子。我们今天去北京。" * 3
-HOWS = {"bom", "header", "meta", "mislabeled", "utf-8", "utf-8-lossy", "detected", "default"}
+HOWS = {"bom", "header", "meta", "mislabeled", "utf-8", "utf-8-lossy", "windows-punctuation",
+        "detected", "default"}
 
 
 def page(text: str, head: str = "") -> str:
@@ -233,11 +241,34 @@ def test_detection_without_any_declaration(text: str, encoding: str, codec: str)
     assert text in decode_html(body, "text/html")
 
 
-def test_english_with_curly_quotes_detects_as_windows_1252() -> None:
-    text = "It\u2019s the \u201cbest\u201d offer \u2013 really. " * 20
+def test_english_with_curly_quotes_reads_as_windows_1252_without_detection() -> None:
+    text = "It\u2019s the \u201cbest\u201d offer \u2013 really\u2026 " * 20
     body = page(text).encode("cp1252")
-    assert detect_charset(body, None) == ("cp1252", "detected")
+    assert detect_charset(body, None) == ("cp1252", "windows-punctuation")
     assert text in decode_html(body, None)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_windows_punctuation_is_the_text_detection_gives(seed: int) -> None:
+    """The shortcut against what it skips: charset-normalizer's choice for ASCII text with
+    the shared Windows punctuation scattered in reads it as the same text."""
+    rng = random.Random(seed)
+    words = [rng.choice(["the", "offer", "page", "crawl", "It", "best", "a", "of"])
+             for _ in range(rng.randrange(20, 400))]
+    for _ in range(rng.randrange(1, 30)):
+        at = rng.randrange(len(words))
+        words[at] = rng.choice(["\u201c%s\u201d", "\u2018%s\u2019", "%s\u2026", "%s \u2013",
+                                "%s\u2014", "\u2022 %s", "%s\xa0"]) % words[at]
+    body = page(" ".join(words)).encode("cp1252")
+    detected = _detect(body)
+    assert detected is not None
+    assert body.decode(detected) == decode_html(body, None)
+    assert detect_charset(body, None) == ("cp1252", "windows-punctuation")
+
+
+def test_a_letter_beyond_the_shared_punctuation_is_still_detected() -> None:
+    body = page("Caf\u00e9 \u201cbest\u201d " * 20).encode("cp1252")
+    assert detect_charset(body, None)[1] == "detected"
 
 
 def test_iso2022jp_escapes_in_ascii_body() -> None:

@@ -129,6 +129,10 @@ _CT_CHARSET = re.compile(r"""charset\s*=\s*["']?\s*([^"';,\s]+)""", re.IGNORECAS
 _PRESCAN_BYTES = 4096
 _DETECT_BYTES = 32768
 _MOSTLY = 4  # valid non-ASCII UTF-8 characters per bad byte above which a page is "mostly UTF-8"
+# ASCII, and the high bytes every Windows code page (1250-1258, 874) reads as the same
+# character: ellipsis, curly quotes, bullet, en and em dash, no-break space. A body of only
+# these reads the same whichever of them detection would pick.
+_WINDOWS_COMMON = bytes(range(0x80)) + bytes([0x85, *range(0x91, 0x98), 0xA0])
 _COMMENT = re.compile(rb"<!--.*?-->", re.DOTALL)
 _META = re.compile(rb"<meta[\s/]([^>]*)", re.IGNORECASE)
 _ATTR = re.compile(rb"""([^\s=/>]+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]*)))?""")
@@ -273,6 +277,11 @@ def _decide(body: bytes, content_type: str | None) -> tuple[str, str, str, bool]
     valid = len(text) - len(text.encode("ascii", "ignore")) - errors  # non-ASCII characters
     if valid >= _MOSTLY * errors:  # UTF-8 with a few bad bytes; legacy text is never that
         return "utf-8", "utf-8-lossy", text, False
+    if not body.translate(None, _WINDOWS_COMMON):
+        # English with Word's quotes and dashes, the common undeclared legacy page: every
+        # Windows code page reads it as this same text, so detection (charset-normalizer,
+        # ~5 ms for 16 kB, 8 % of serve's CPU on the latency benchmark's pages) is not asked.
+        return "cp1252", "windows-punctuation", body.decode("cp1252"), False
     codec = _detect(body)
     if codec is not None:
         return codec, "detected", body.decode(codec, "replace"), False
@@ -290,6 +299,8 @@ def detect_charset(body: bytes, content_type: str | None) -> tuple[str, str]:
     ``how`` is one of ``bom``, ``header``, ``meta``, ``mislabeled`` (a declared charset
     overridden because the body is valid UTF-8), ``utf-8`` (no usable declaration, the body is
     valid UTF-8 or ASCII), ``utf-8-lossy`` (mostly valid UTF-8, bad bytes replaced),
+    ``windows-punctuation`` (no declaration, and the only non-ASCII bytes are quotes, dashes
+    and the like that every Windows code page reads alike: Windows-1252 without detection),
     ``detected`` (charset-normalizer, or ISO-2022-JP escapes) or ``default`` (cp1252).
     Cost: this decodes the body; call ``decode_html`` if you also need the text.
     """

@@ -2,9 +2,8 @@
 AIOKafkaProducer (clients made by kafka/client.py).
 
 KafkaSource
-- fetches with `getmany`, through a pump (kafka/pump.py) that keeps taking records while a
-  batch is decided, so the next batch is what has arrived (retriable errors retried with
-  backoff, others stop the service); observes consumer lag per partition after every fetch;
+- fetches with `getmany` (retriable errors retried with backoff, others stop the service),
+  observes consumer lag per partition after every fetch;
 - holds a batch under a lock that the rebalance listener takes too: a revoke waits until the
   batch in flight is committed, and records of partitions revoked meanwhile are dropped
   uncommitted (their new owner gets them);
@@ -62,7 +61,6 @@ from stream_dedup.kafka.client import (
 from stream_dedup.kafka.decisions import Message, Topics, as_record, messages_for
 from stream_dedup.kafka.dialects import dialect_for
 from stream_dedup.kafka.messages import page_from_message
-from stream_dedup.kafka.pump import WAIT_MS, Pump
 from stream_dedup.kafka.topics import Limits
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected, position_id
@@ -100,13 +98,11 @@ class FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
         async with self._source.lock:  # the batch in flight is delivered and committed first
             log.info("partitions revoked: %s", partition_names(revoked))
-            self._source.drop_pumped(revoked)
             self._source.metrics.forget_partitions((tp.topic, tp.partition) for tp in revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned: %s", partition_names(assigned))
         source = self._source
-        source.drop_pumped(None)  # the consumer resumes each partition where it is told
         source.adopt_plan(assigned)
         stored = source.index.offsets()
         for tp in assigned:
@@ -121,7 +117,6 @@ class KafkaSource:
     redelivers = True
     live = True
     reads_ahead = False  # a batch is held against rebalances until it is committed
-    pumped = True  # records taken from the consumer while a batch is decided (Pump)
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: FeatureIndex,
                  metrics: Metrics) -> None:
@@ -140,16 +135,6 @@ class KafkaSource:
         self._plan_deadline = 0.0
         self._held: dict[TopicPartition, list[ConsumerRecord]] = {}
         self._carry: dict[TopicPartition, list[ConsumerRecord]] = {}
-        self.pump = Pump(consumer, settings.batch_size) if self.pumped else None
-
-    def drop_pumped(self, partitions: list[TopicPartition] | None) -> None:
-        if self.pump is not None and (dropped := self.pump.drop(partitions)):
-            log.info("dropped %d records taken ahead of partitions revoked or reassigned "
-                     "(not decided, not committed)", dropped)
-
-    def close(self) -> None:
-        if self.pump is not None:
-            self.pump.close()
 
     def adopt_plan(self, assigned: list[TopicPartition]) -> None:
         """After an assignment: decide the batch a crash left in flight exactly as it was
@@ -193,10 +178,7 @@ class KafkaSource:
         if self._carry:
             fetched, self._carry = self._carry, {}
             return fetched
-        if self.pump is None:
-            fetched = await self.consumer.getmany(timeout_ms=WAIT_MS, max_records=max_records)
-        else:
-            fetched = await self.pump.take(max_records, WAIT_MS / 1000)
+        fetched = await self.consumer.getmany(timeout_ms=500, max_records=max_records)
         if self._plan is None:
             return fetched
         for tp, records in fetched.items():
@@ -207,9 +189,6 @@ class KafkaSource:
                 return {}
             if await self.consumer.position(tp) < end and time.monotonic() < self._plan_deadline:
                 return {}  # not all fetched yet
-        if self.pump is not None:  # what it took during those awaits: the position counts it
-            for tp, records in self.pump.taken().items():
-                self._held.setdefault(tp, []).extend(records)
         ranges = {tp: (first, end) for tp, first, end in self._plan}
         batch = {tp: [r for r in self._held.get(tp, ()) if first <= r.offset < end]
                  for tp, (first, end) in ranges.items()}
@@ -271,9 +250,7 @@ class KafkaSource:
             except (TimeoutError, IllegalStateError):
                 continue
             if tp in self.consumer.assignment():  # a revoke meanwhile forgot its lag
-                taken = self.pump.pending(tp) if self.pump is not None else 0
-                self.metrics.consumer_lag(tp.topic, tp.partition,
-                                          max(0, highwater - position + taken))
+                self.metrics.consumer_lag(tp.topic, tp.partition, max(0, highwater - position))
 
 
 class KafkaSink:

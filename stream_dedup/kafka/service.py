@@ -275,7 +275,6 @@ class Service:
                 return 1
         finally:
             self.connected = False
-            source.close()  # its pump first: nothing more taken from the consumer
             # The consumer even if its start was cut short.
             clients = [c for c in (sink.producer, consumer) if c is not None]
             await asyncio.gather(*(stop_within(c, CLOSE_TIMEOUT_S) for c in clients))

@@ -188,11 +188,7 @@ class TransactionalSource(KafkaSource):
     between the two, and aiokafka's assignment() still names the old partitions until the
     rejoin completes. Batches are stamped with the assignment's generation (bumped at every
     revoke and assignment): one of an earlier generation is dropped in hold(), its records
-    read again from the committed offset by whoever owns the partition now.
-
-    Not pumped: preparing a partition pauses, seeks and polls the consumer itself."""
-
-    pumped = False
+    read again from the committed offset by whoever owns the partition now."""
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: Any,
                  metrics: Metrics, producers: Producers, stop: asyncio.Event,

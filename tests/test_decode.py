@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from stream_dedup.core.decode import (
+    _WINDOWS_COMMON,
     _detect,
     decode_html,
     decode_html_utf8,
@@ -264,6 +265,14 @@ def test_windows_punctuation_is_the_text_detection_gives(seed: int) -> None:
     assert detected is not None
     assert body.decode(detected) == decode_html(body, None)
     assert detect_charset(body, None) == ("cp1252", "windows-punctuation")
+
+
+def test_the_shared_punctuation_reads_alike_in_every_windows_code_page() -> None:
+    pages = [f"cp{n}" for n in range(1250, 1259)] + ["cp874"]
+    high = bytes(b for b in _WINDOWS_COMMON if b >= 0x80)
+    assert len({high.decode(codec) for codec in pages}) == 1
+    for b in set(range(0x80, 0x100)) - set(high):  # and no other byte does
+        assert len({bytes([b]).decode(codec, "replace") for codec in pages}) > 1
 
 
 def test_a_letter_beyond_the_shared_punctuation_is_still_detected() -> None:

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -446,7 +447,7 @@ def _group(pgid: int) -> list[int]:
 
 def test_a_replay_without_a_metrics_reader_keeps_no_metrics(sample, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Without --http-port nobody reads a replay's metrics: prometheus_client (and tqdm,
-    under -q) is not even imported; with the port the pages are counted."""
+    under -q) is not even imported; with the port, prometheus_client is."""
     warc, _, _ = sample
     code = ("import sys; from stream_dedup.cli.main import main; "
             f"main(['replay', {str(warc)!r}, '-q', '-o', {os.devnull!r}] + sys.argv[1:]); "
@@ -455,8 +456,6 @@ def test_a_replay_without_a_metrics_reader_keeps_no_metrics(sample, tmp_path: Pa
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=env, timeout=120, check=True)
     assert quiet.stdout.strip().splitlines()[-1] == "[]"
-    import socket
-
     with socket.socket() as free:  # a port of its own (0 is "no HTTP server")
         free.bind(("127.0.0.1", 0))
         port = str(free.getsockname()[1])

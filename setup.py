@@ -12,7 +12,7 @@ setup(
         Extension(
             "stream_dedup.core._native",
             [f"stream_dedup/core/{name}.c"
-             for name in ("_native", "_tokens", "_ascii", "_sketch", "_ldsig", "_memtable",
+             for name in ("_native", "_tokens", "_ascii", "_sketch", "_ldsig", "_memtable", "_deep",
                           "_nesting", "_tree", "_names")],
             depends=["stream_dedup/core/_native.h", "stream_dedup/core/_nesting.h",
                      "stream_dedup/core/_tokens.h"],

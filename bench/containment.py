@@ -56,8 +56,11 @@ Fields that do not exist before issue 27 (reason `contained`, `Decision.contains
 `Decision.containment`) are read with getattr: on older code the script runs and shows
 recall 0 (the "before").
 
-Reading recall: most misses are short excerpts. A page of n shingles inside one of m
-becomes a candidate with a chance of about 2n/m.
+Reading recall: a page of n shingles inside one of m becomes a candidate through the four
+stored keys with a chance of about 1 - (1 - n/m)**4, through the deep keys (a 1/8 sample)
+with 1 - (7/8)**n: what they still miss is pages under 25 shingles (never sketched) and
+versions dropped `near` (each >= 0.9 inside the other). `--set contain_sample=0`: the four
+keys alone.
 
     PYTHONPATH=/work/main python3 -P bench/containment.py      # any checkout: before/after
     python3 bench/containment.py --bar 0.95 --seed 2

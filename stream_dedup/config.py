@@ -81,12 +81,18 @@ class Settings:
     # contain_query_keys (lookups, not memory), which find an earlier page inside it
     contain_keys: int = 4
     contain_query_keys: int = 8
+    # A kept page also stores the rest of a 1/contain_sample sample of its shingles (at
+    # most 256) as deep keys, which find a short excerpt of a long page (the memory index
+    # keeps them on disk beside its records; the LSM and Redis indexes keep none); a page
+    # asks them with its contain_deep_asked smallest. 0: none
+    contain_sample: int = 8
+    contain_deep_asked: int = 3
     # Pages with fewer shingles are not "contained" anywhere, nor listed in `contains`
     contain_min_shingles: int = 25
     # Candidates whose shared containment key has this many pages or more are not tried: a
     # shingle that common is a site's template, not text (Broder et al. 1997 drop them too)
     contain_common: int = 8
-    contain_max_candidates: int = 2
+    contain_max_candidates: int = 3
     ld_c: int = _PARAMS.ld_c  # Coates' signature: a symbol per ~c (32) characters (stamped)
     ld_n: int = _PARAMS.ld_n  # ... over windows of n (4) characters (stamped)
     # --- recrawls: which URLs are the same (core/urls.py) ---
@@ -206,6 +212,8 @@ class Settings:
             raise ConfigError("verify_min_jaccard must be in [0, 1]")
         if not 0.0 <= self.contain_min <= 1.0:
             raise ConfigError("contain_min must be in [0, 1] (0: no containment)")
+        if self.contain_sample < 0 or self.contain_deep_asked < 0:
+            raise ConfigError("contain_sample and contain_deep_asked must be >= 0")
         if self.contain_keys < 0 or self.contain_common < 1 or self.contain_max_candidates < 1:
             raise ConfigError("contain_keys must be >= 0, contain_common and "
                               "contain_max_candidates >= 1")
@@ -302,6 +310,24 @@ class Settings:
     def contains_on(self) -> bool:
         """Whether containment is decided (it needs the shingle sets: verify_exact)."""
         return self.contain_min > 0 and self.contain_keys > 0 and self.verify_exact
+
+    @property
+    def deep_asked(self) -> int:
+        """Keys a page asks the deep tier with (0: no deep keys stored nor asked)."""
+        return min(self.contain_deep_asked, self.contain_query_keys) \
+            if self.contains_on and self.contain_sample > 0 and self.index == "memory" else 0
+
+    @property
+    def stored_keys(self) -> int:
+        """The index keys a kept page stores before its deep keys: its features, its band
+        keys (for the near-verified tier) and its first containment keys."""
+        return self.groups + (self.bands if self.verify_single_feature else 0) + \
+            (self.contain_keys if self.contains_on else 0)
+
+    @property
+    def contain_asked(self) -> int:
+        """The keys a probe ends with that are containment's (asked, then deep-asked)."""
+        return self.contain_query_keys + self.deep_asked if self.contains_on else 0
 
     def changelog(self) -> str:
         """The changelog topic of the index (exactly-once, memory and LSM indexes)."""

@@ -35,7 +35,8 @@ ls "$work"/stream_dedup/core/_native*.so >/dev/null  # optional=True must not hi
 tests=("$@")
 [ ${#tests[@]} -gt 0 ] || tests=(tests/test_native.py tests/test_fuzz.py tests/test_nesting.py tests/test_selectolax_versions.py
                                  tests/test_contain_keys.py::test_the_kernel_numpy_and_the_reference_agree
-                                 tests/test_contain_keys.py::test_a_sampled_set_has_its_sets_smallest)
+                                 tests/test_contain_keys.py::test_a_sampled_set_has_its_sets_smallest
+                                 tests/test_deep_keys.py)
 preload="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libubsan.so)"
 for path in native generic; do
   echo "== sanitizers, block path: $path"

@@ -39,11 +39,18 @@ def test_the_kernel_numpy_and_the_reference_agree(seed: int) -> None:
         if n > 4:  # repeated shingles, as a page's text order has them
             values[: n // 4] = values[n // 4 : 2 * (n // 4)]
         tops = _tops(values) if n else b""
-        for asked in (1, 4, 48):
+        for asked in (1, 4, 48, 256):
             want = contain.contain_keys_reference(tops, asked)
             assert contain.contain_keys(tops, asked).tolist() == want, (n, asked)
             assert contain.contain_keys_numpy(tops, asked).tolist() == want, (n, asked)
             assert len(want) == asked and want == sorted(want)
+            for below in (1 << 32, 1 << 29, 1):  # all; a deep key's sample; none
+                real = [k for k in contain.contain_keys_reference(tops, asked, below)
+                        if k >> 32 == int(contain.CONTAIN_TAG) >> 32]
+                assert contain.sample_keys(tops, asked, below).tolist() == real
+                deep = [k ^ int(contain.CONTAIN_TAG ^ contain.DEEP_TAG) for k in real]
+                assert contain.sample_keys(tops, asked, below,
+                                           int(contain.DEEP_TAG)).tolist() == deep
 
 
 def test_a_sampled_set_has_its_sets_smallest() -> None:
@@ -120,20 +127,43 @@ def test_an_excerpt_near_its_page_is_contained_a_version_stays_near() -> None:
     assert near.containment is None
 
 
-def test_every_backend_stores_only_the_k_keys(make_dedup) -> None:  # type: ignore[no-untyped-def]
-    """Excerpts found only through keys asked: a backend that stored them (a Redis page
-    joining every key it asks) would find more than the memory index does."""
-    rng = random.Random(13)
+def _excerpts(seed: int) -> list[Page]:
+    """Ten articles, each after 500 words of its page, then 2/3 of it with 10 words of
+    another page's, then all of it after 300 words of a third."""
+    rng = random.Random(seed)
     pages = []
     for i in range(10):
         article = _words(rng, 300)
         pages += [Page(f"https://n.example/{i}", _html(_words(rng, 500) + article, "n")),
                   Page(f"https://x.example/{i}", _html(article[:200] + _words(rng, 10), "x")),
                   Page(f"https://y.example/{i}", _html(_words(rng, 300) + article, "y"))]
-    asked = Settings(contain_query_keys=48)  # (many asked: what storing them would change)
-    want = [(d.reason, [c.url for c in d.contains])
-            for d in Deduplicator(asked).check_batch(pages)]
-    dd = make_dedup(contain_query_keys=48)
-    got = [(d.reason, [c.url for c in d.contains]) for d in map(dd.check, pages)]
-    assert got == want
+    return pages
+
+
+def _outcomes(decisions: list[Decision]) -> list[tuple[str, list[str]]]:
+    return [(d.reason, [c.url for c in d.contains]) for d in decisions]
+
+
+def test_every_backend_stores_only_the_k_keys(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """Excerpts found only through keys asked (no deep keys): a backend that stored them (a
+    Redis page joining every key it asks) would find more than the memory index does."""
+    pages = _excerpts(13)
+    asked = Settings(contain_query_keys=48, contain_sample=0)  # (what storing would change)
+    want = _outcomes(Deduplicator(asked).check_batch(pages))
+    dd = make_dedup(contain_query_keys=48, contain_sample=0)
+    assert _outcomes(list(map(dd.check, pages))) == want
     assert sum(r == "contained" for r, _ in want) < 10  # (not every excerpt: chance)
+
+
+def test_deep_keys_find_every_excerpt(make_dedup) -> None:  # type: ignore[no-untyped-def]
+    """The deep keys (a 1/8 sample of a kept page) find each 200-word excerpt of a page of
+    800 words, where its 4 keys find a few; the memory index holds them, the LSM and Redis
+    indexes none (the decisions without them)."""
+    pages = _excerpts(13)
+    dd = make_dedup()
+    got = _outcomes(list(map(dd.check, pages)))
+    if dd.settings.index != "memory":
+        assert got == _outcomes(Deduplicator(Settings(contain_sample=0)).check_batch(pages))
+        return
+    assert got == _outcomes(Deduplicator().check_batch(pages))
+    assert sum(r == "contained" for r, _ in got) == 10

@@ -88,6 +88,13 @@ SETTING_FLAGS: dict[str, list[Flag]] = {
         Flag("contain_query_keys", "containment keys a page asks with (its bottom N: "
              "lookups, not memory): an earlier page k times smaller inside it is found with "
              "chance ~1 - (1 - 1/k)**N", "N"),
+        Flag("contain_sample", "deep keys: a kept page also stores a 1/N sample of its "
+             "shingles (at most 256; the memory index holds them on disk beside its "
+             "records, the LSM and Redis indexes none), which finds an excerpt of n "
+             "shingles with chance ~1 - (1 - 1/N)**n: 0.96 at n = 25 for N = 8; 0: none",
+             "N"),
+        Flag("contain_deep_asked", "deep keys a page asks with (its bottom N: a read of "
+             "each disk run each)", "N"),
         Flag("contain_min_shingles", "pages with fewer shingles are never 'contained' nor "
              "listed in 'contains'", "N"),
         Flag("contain_common", "a containment key this many kept pages share is a "

@@ -18,8 +18,12 @@
  *               sketch_page(...)                  shingles, min-hashes, features, band keys,
  *                                                 signature, shingles' top halves in one call
  *               set_overlap(x, y, mask)           two pages' shingle tops: exact Jaccard counts
- *               contain_keys(tops, q, tag, none)  their q smallest in the containment order
+ *               contain_keys(tops, q, tag, none[, again, xor])  their q smallest in the
+ *                                                 containment order (and the first again)
+ *               sample_keys(tops, most, tag, below)  the smallest of a MOD sample
  *   _ldsig.c    ld_signature(cps, c, mult)        Coates' signature bytes
+ *   _deep.c     held_add(table, keys, row)       the deep containment keys' newest entries
+ *               deep_get(table, runs, block, keys, cap)  a key's rows in them and on disk
  *   _memtable.c multimap_get(runs, mem, k, cap)   values of keys in the memory index (runs,
  *                                                 then memtable; with `each`, a list per key)
  *               memtable_add, memtable_arrays     the memtable: add a page; dump it for a run
@@ -293,12 +297,20 @@ static PyMethodDef methods[] = {
      "set_overlap(x, y, mask) -> (a, b, common): two pages' shingle tops' exact Jaccard "
      "counts"},
     {"contain_keys", contain_keys, METH_VARARGS,
-     "contain_keys(tops, asked, tag, none) -> uint64 bytes: the asked smallest shingle tops "
-     "in the containment order (bit-reversed), as keys"},
+     "contain_keys(tops, asked, tag, none[, again, xor]) -> uint64 bytes: the asked smallest "
+     "shingle tops in the containment order (bit-reversed), as keys; the first again ^ xor"},
+    {"sample_keys", sample_keys, METH_VARARGS,
+     "sample_keys(tops, most, tag, below) -> uint64 bytes: the smallest shingle tops in the "
+     "containment order below `below`, at most `most`, as keys"},
     {"multimap_get", multimap_get, METH_VARARGS,
      "multimap_get(runs, mem, keys, cap, each=False) -> list[int]: the values of the keys "
      "(uint64 buffer or int) in the sorted runs (the last cap per run) and the memtable; with "
      "each, a list per key"},
+    {"held_add", held_add, METH_VARARGS,
+     "held_add(table, keys, row) -> int: row under each key in the open-addressing table"},
+    {"deep_get", deep_get, METH_VARARGS,
+     "deep_get(table, runs, block, keys, cap) -> list[list[int]]: each key's last cap rows "
+     "in the runs on disk, then the table"},
     {"memtable_add", memtable_add, METH_VARARGS,
      "memtable_add(mem, keys, value, cap, keep_first) -> entries added"},
     {"memtable_arrays", memtable_arrays, METH_VARARGS,

@@ -92,6 +92,9 @@ INTERNAL PyObject *minhash(PyObject *self, PyObject *args);
 INTERNAL PyObject *sketch_page(PyObject *self, PyObject *args);
 INTERNAL PyObject *set_overlap(PyObject *self, PyObject *args);
 INTERNAL PyObject *contain_keys(PyObject *self, PyObject *args);
+INTERNAL PyObject *sample_keys(PyObject *self, PyObject *args);
+INTERNAL PyObject *held_add(PyObject *self, PyObject *args);
+INTERNAL PyObject *deep_get(PyObject *self, PyObject *args);
 /* _ldsig.c */
 INTERNAL PyObject *ld_signature(PyObject *self, PyObject *args);
 INTERNAL int ld_append(Buf *out, const uint32_t *cp, Py_ssize_t len, uint64_t c,

@@ -345,11 +345,15 @@ done:
 }
 
 
-/* contain_keys(tops, asked, tag, none) -> uint64 bytes: the `asked` smallest distinct values
- * of the shingle tops (uint32, any order, repeats allowed) in the containment order (each
- * value bit-reversed), ascending, each as reversed | tag; fewer values than asked: the rest
- * i | none. sketch.py's contain_keys (numpy) defines the same keys. One pass, the smallest
- * kept sorted: past the first few values most are larger than the largest kept. */
+/* contain_keys(tops, asked, tag, none[, again, xor]) -> uint64 bytes: the `asked` smallest
+ * distinct values of the shingle tops (uint32, any order, repeats allowed) in the
+ * containment order (each value bit-reversed), ascending, each as reversed | tag; fewer
+ * values than asked: the rest i | none; then the first `again` of those keys once more,
+ * each ^ xor (a probe's deep-asked keys). sketch.py's contain_keys (numpy) defines the same
+ * keys. One pass, the smallest kept sorted: past the first few values most are larger than
+ * the largest kept.
+ * sample_keys(tops, most, tag, below) -> uint64 bytes: the same of the values below
+ * `below` only, at most `most`, and no fill keys (a MOD sample). */
 static inline uint32_t reverse32(uint32_t v) {
     v = ((v >> 1) & 0x55555555u) | ((v & 0x55555555u) << 1);
     v = ((v >> 2) & 0x33333333u) | ((v & 0x33333333u) << 2);
@@ -358,24 +362,18 @@ static inline uint32_t reverse32(uint32_t v) {
     return (v >> 16) | (v << 16);
 }
 
-PyObject *contain_keys(PyObject *self, PyObject *args) {
-    Py_buffer x;
-    Py_ssize_t asked;
-    unsigned long long tag, none;
-    if (!PyArg_ParseTuple(args, "y*nKK", &x, &asked, &tag, &none)) return NULL;
-    if (asked < 0 || asked > 4096) {
-        PyBuffer_Release(&x);
-        PyErr_SetString(PyExc_ValueError, "contain_keys asks 0..4096 keys");
-        return NULL;
-    }
-    uint32_t low[4096];
-    Py_ssize_t have = 0, n = x.len / 4;
-    const unsigned char *p = x.buf;
+#define CONTAIN_MOST 4096
+
+/* The `asked` smallest distinct reversed values below `below` into low[]; how many. */
+static Py_ssize_t smallest(const Py_buffer *x, Py_ssize_t asked, unsigned long long below,
+                           uint32_t *low) {
+    Py_ssize_t have = 0, n = x->len / 4;
+    const unsigned char *p = x->buf;
     for (Py_ssize_t i = 0; i < n && asked; i++) {
         uint32_t t;
         memcpy(&t, p + 4 * i, 4); /* little-endian, as shingle_tops writes them (x86) */
         uint32_t v = reverse32(t);
-        if (have == asked && v >= low[have - 1]) continue;
+        if ((unsigned long long)v >= below || (have == asked && v >= low[have - 1])) continue;
         Py_ssize_t lo = 0, hi = have; /* first slot >= v */
         while (lo < hi) {
             Py_ssize_t mid = (lo + hi) / 2;
@@ -387,11 +385,47 @@ PyObject *contain_keys(PyObject *self, PyObject *args) {
         low[lo] = v;
         if (have < asked) have++;
     }
+    return have;
+}
+
+PyObject *contain_keys(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    Py_ssize_t asked, again = 0;
+    unsigned long long tag, none, xor = 0;
+    if (!PyArg_ParseTuple(args, "y*nKK|nK", &x, &asked, &tag, &none, &again, &xor)) return NULL;
+    if (asked < 0 || asked > CONTAIN_MOST || again < 0 || again > asked) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "contain_keys asks 0..4096 keys, again 0..asked");
+        return NULL;
+    }
+    uint32_t low[CONTAIN_MOST];
+    Py_ssize_t have = smallest(&x, asked, 1ULL << 32, low);
     PyBuffer_Release(&x);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, asked * 8);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (asked + again) * 8);
     if (out == NULL) return NULL;
     uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < asked; i++)
         keys[i] = i < have ? ((uint64_t)low[i] | tag) : ((uint64_t)(i - have) | none);
+    for (Py_ssize_t i = 0; i < again; i++) keys[asked + i] = keys[i] ^ xor;
+    return out;
+}
+
+PyObject *sample_keys(PyObject *self, PyObject *args) {
+    Py_buffer x;
+    Py_ssize_t most;
+    unsigned long long tag, below;
+    if (!PyArg_ParseTuple(args, "y*nKK", &x, &most, &tag, &below)) return NULL;
+    if (most < 0 || most > CONTAIN_MOST) {
+        PyBuffer_Release(&x);
+        PyErr_SetString(PyExc_ValueError, "sample_keys takes 0..4096 keys");
+        return NULL;
+    }
+    uint32_t low[CONTAIN_MOST];
+    Py_ssize_t have = smallest(&x, most, below, low);
+    PyBuffer_Release(&x);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, have * 8);
+    if (out == NULL) return NULL;
+    uint64_t *keys = (uint64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < have; i++) keys[i] = (uint64_t)low[i] | tag;
     return out;
 }

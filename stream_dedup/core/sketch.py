@@ -114,7 +114,7 @@ class Sketcher:
     (docs/reference.md, containment)."""
 
     def __init__(self, params: Params, bands: tuple[int, int] = (0, 1), sets: bool = True,
-                 contain: tuple[int, int] = (0, 0)) -> None:
+                 contain: tuple[int, int] = (0, 0), deep: int = 0) -> None:
         self.params = params
         n = params.num_perm
         b, r = bands
@@ -127,6 +127,7 @@ class Sketcher:
                               f"0 <= stored <= asked <= {CONTAIN_MAX}, and shingle sets")
         self.bands = (b, r)
         self.contain = (stored, asked) if stored else (0, 0)
+        self.deep = min(deep, asked) if stored else 0  # asked of the deep tier too
         self.sets = sets  # False: `page` returns no shingle set (b"")
         self._a = odd_constants(params.seed, n, salt=1).reshape(n, 1)
         self._b = odd_constants(params.seed, n, salt=2).reshape(n, 1)
@@ -162,7 +163,7 @@ class Sketcher:
         keys = np.frombuffer(keys_b, dtype=np.uint64)
         tops = _capped(tops)
         if self.contain[0]:
-            keys = np.concatenate((keys, contain_keys(tops, self.contain[1])))
+            keys = np.concatenate((keys, contain_keys(tops, self.contain[1], self.deep)))
         return sk, keys, sig, tops
 
     # --- shingles -----------------------------------------------------------------
@@ -226,7 +227,7 @@ class Sketcher:
         b, r = self.bands
         parts = [self.features(sketch), _chain(sketch[: b * r], b, r, self._band_seed)]
         if self.contain[0]:
-            parts.append(contain_keys(tops, self.contain[1]))
+            parts.append(contain_keys(tops, self.contain[1], self.deep))
         return np.concatenate(parts)
 
     # --- plain reference (tests) ---------------------------------------------------

@@ -14,7 +14,10 @@ from __future__ import annotations
 from dataclasses import replace
 from time import perf_counter
 
+import numpy as np
+
 from stream_dedup.config import Settings
+from stream_dedup.core.contain import deep_keys
 from stream_dedup.core.sketch import overlap
 from stream_dedup.decide.verdicts import Analysis, BatchDocs, Overlay, Verdict, drop_verdict
 from stream_dedup.index.base import contain_candidates
@@ -34,8 +37,12 @@ def containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, doc
     excerpt of that page, and says so: `contained` (its other figures kept)."""
     if v.doc is None:
         return _excerpt(a, v, docs, s, verified)
-    # A kept page stores its first contain_keys containment keys; the others only asked
-    v.doc.features = v.doc.features[: v.doc.features.shape[0] - nc + s.contain_keys]
+    # A kept page stores its first contain_keys containment keys (the others only asked)
+    # and its deep keys
+    stored = v.doc.features[: v.doc.features.shape[0] - nc + s.contain_keys]
+    v.doc.features = np.concatenate((stored, deep_keys(a.shingles, s.contain_keys,
+                                                       s.contain_sample))) \
+        if nc > s.contain_query_keys else stored  # (the deep keys asked too)
     ranked = contain_candidates(postings, nc, s.contain_common, gone) if a.shingles else []
     if not ranked:
         return v

@@ -95,6 +95,7 @@ def decide_batch(
     is `url_keys[i]` (None, or a key 0: no URL versions). `keep_ids` False: kept pages get
     no page_id in their decision (a question, not a decision)."""
     overlays: dict[str, Overlay] = {}  # a namespace's pages see only each other
+    nc = settings.contain_asked  # a probe's last keys: containment's
     out: list[Verdict] = []
     last = len(analyses) - 1  # no page after it to see it (one page: `check`)
     keys = url_keys if url_keys is not None else [0] * len(analyses)
@@ -105,7 +106,7 @@ def decide_batch(
         if overlay is None:
             overlay = overlays[namespace] = Overlay(namespace)
         try:
-            v = _decide(a, pid, key, answer, overlay, settings, keep_ids)
+            v = _decide(a, pid, key, answer, overlay, settings, keep_ids, nc)
         except MissingRecord as missing:
             # Decided without that record, the page might be kept beside a duplicate: it
             # waits for it, and the pages after it wait too (they are decided after it).
@@ -134,13 +135,13 @@ def _version(key: int, answer: Answer, overlay: Overlay) -> int | None:
 
 
 def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s: Settings,
-            keep_ids: bool) -> Verdict:
+            keep_ids: bool, nc: int) -> Verdict:
     docs = BatchDocs(answer, overlay)
     version = _version(key, answer, overlay)
     if a.page.revisit is not None:
         return _revisit(a, version, docs, overlay)
     if version is None:
-        return _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, None)
+        return _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, None, nc)
     prev = docs[version]
     same = _same_version(a, version, prev, answer, docs, overlay, s)
     if same is not None:
@@ -149,7 +150,7 @@ def _decide(a: Analysis, pid: int, key: int, answer: Answer, overlay: Overlay, s
         return Verdict(Decision(a.page.url, "drop", SUPERSEDED, source=a.page.source,
                                 fetched_at=a.page.fetched_at, previous=previous_of(prev),
                                 cluster=prev.page_id))
-    v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version)
+    v = _decide_page(a, pid, key, answer, docs, overlay, s, keep_ids, version, nc)
     if v.decision is not None and v.decision.decision == "drop":  # a copy of another URL
         v.decision = replace(v.decision, previous=previous_of(prev))
     return v
@@ -250,9 +251,10 @@ def _capture_time(value: str | None) -> float | None:
 
 
 def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: BatchDocs,
-                 overlay: Overlay, s: Settings, keep_ids: bool, version: int | None
+                 overlay: Overlay, s: Settings, keep_ids: bool, version: int | None, nc: int
                  ) -> Verdict:
-    """The checks against other pages (`version`, the URL's kept version, is not one)."""
+    """The checks against other pages (`version`, the URL's kept version, is not one); the
+    last `nc` keys are containment's."""
     kept = UNIQUE if version is None else CHANGED
     first = answer.raw
     if first is None or first in overlay.retired:
@@ -283,7 +285,6 @@ def _decide_page(a: Analysis, pid: int, key: int, answer: Answer, docs: BatchDoc
     gone = overlay.retired | {version} if version is not None else overlay.retired
     if gone:  # neither the URL's version nor one replaced in this batch is a candidate
         found = [c for c in found if c[0] not in gone]
-    nc = s.contain_query_keys if s.contains_on else 0  # the last keys: containment's
     resembling = postings[: len(postings) - nc]
     weak = (weak_candidates(resembling, s.groups) if not found and s.verify_single_feature
             else [])

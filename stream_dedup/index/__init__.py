@@ -58,11 +58,12 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
 
         snapshot = LsmIndex(s.warm_from, s.params.stamp, s.max_posting, create=False)
         try:
-            return MemoryIndex.warm_from(snapshot, records_dir, url_key)
+            return MemoryIndex.warm_from(snapshot, records_dir, url_key, deep_layout(s))
         finally:
             snapshot.close()
     if s.index == "memory":
-        return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key)
+        return MemoryIndex(s.params.stamp, s.max_posting, records_dir, url_key,
+                           deep_layout(s))
     if s.index == "redis":
         from stream_dedup.index.redis.backend import RedisIndex
         from stream_dedup.security import redis_security
@@ -85,13 +86,19 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                                       Path(s.index_path) if s.index_path else None)
 
 
+def deep_layout(s: Settings) -> tuple[int, int, int]:
+    """A MemoryIndex's `deep` under these settings: the keys a kept page stores before its
+    deep keys, the deep keys a probe ends with, the rows a deep key holds."""
+    return (s.stored_keys, s.deep_asked, s.contain_common) if s.deep_asked else (0, 0, 0)
+
+
 def contain_options(s: Settings) -> dict[str, Any]:
     """A RedisIndex's containment arguments under these settings: the keys a probe ends
     with, contain_common and contain_max_candidates; how many of them are asked only."""
     on = s.contains_on
-    return {"contain": (s.contain_query_keys if on else 0, s.contain_common,
+    return {"contain": (s.contain_asked, s.contain_common,
                         s.contain_max_candidates),
-            "contain_asked": s.contain_query_keys - s.contain_keys if on else 0}
+            "contain_asked": s.contain_asked - s.contain_keys if on else 0}
 
 
 __all__ = ["CANONICAL", "RAW", "SUPPORTED_INDEXES", "FeatureIndex", "MemoryIndex", "StoredDoc",

@@ -36,8 +36,9 @@ from stream_dedup.core import native as _native  # None: numpy searches the runs
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index import runs
-from stream_dedup.index.arena import DocArena
+from stream_dedup.index.arena import DocArena, records_home
 from stream_dedup.index.base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
+from stream_dedup.index.deep import DeepKeys
 from stream_dedup.index.local_forget import Timeline, selected_rows
 from stream_dedup.index.namespaces import Forget, salt, unpack_url
 
@@ -199,7 +200,11 @@ class MemoryIndex(LocalIndex):
     a Timeline (local_forget.py)."""
 
     def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "",
-                 url_key: Callable[[str], int] | None = None) -> None:
+                 url_key: Callable[[str], int] | None = None,
+                 deep: tuple[int, int, int] = (0, 0, 0)) -> None:
+        """`deep` (stored, asked, cap): a kept page's keys past its first `stored` and a
+        probe's last `asked` are deep containment keys, held `cap` a key in deep.py's
+        store (on disk beside the records; in RAM with them); (0, 0, 0): none apart."""
         self.stamp = stamp
         self.cap = max_posting
         self._next_local = 0
@@ -214,6 +219,9 @@ class MemoryIndex(LocalIndex):
         self._retired = bytearray()  # a bit a row: replaced by a newer version of its URL
         self._n_retired = 0
         self._docs = DocArena(records_dir)
+        self._deep_layout = deep
+        self._deep = DeepKeys(records_home(records_dir) if records_dir is not None else None,
+                              deep[2], dead) if deep[1] else None
         self._timeline = Timeline()
         self._offsets: dict[str, int] = {}
 
@@ -240,7 +248,12 @@ class MemoryIndex(LocalIndex):
         return gone if gone.any() else None
 
     def postings(self, features: np.ndarray) -> list[list[int]]:
-        lists = self._features.postings(features)
+        if self._deep is not None:
+            asked = self._deep_layout[1]
+            lists = self._features.postings(features[:-asked]) + \
+                self._deep.postings(features[-asked:])
+        else:
+            lists = self._features.postings(features)
         if self._n_retired:  # the bit test inline: a call a row was 1.4 % of a recrawl's replay
             bits = self._retired
             return [[r for r in rows if not bits[r >> 3] >> (r & 7) & 1] for rows in lists]
@@ -319,8 +332,13 @@ class MemoryIndex(LocalIndex):
         need = (len(self._docs) + 7) >> 3
         if len(self._retired) < need:
             self._retired.extend(bytes(need - len(self._retired) + 4096))
+        stored = self._deep_layout[0] if self._deep is not None else 1 << 30
         for doc in docs:
-            self._features.add_many(doc.features, row)
+            if doc.features.shape[0] > stored:
+                self._features.add_many(doc.features[:stored], row)
+                self._deep.add(doc.features[stored:], row)  # type: ignore[union-attr]
+            else:
+                self._features.add_many(doc.features, row)
             self._exact[RAW].add(doc.raw_fp, row)
             if doc.text_length > 0:
                 self._exact[CANONICAL].add(doc.canonical_fp, row)
@@ -345,12 +363,15 @@ class MemoryIndex(LocalIndex):
 
     def close(self) -> None:
         self._docs.close()
+        if self._deep is not None:
+            self._deep.close()
 
     @classmethod
     def warm_from(cls, lsm: LsmIndex, records_dir: str | None = "",
-                  url_key: Callable[[str], int] | None = None) -> MemoryIndex:
+                  url_key: Callable[[str], int] | None = None,
+                  deep: tuple[int, int, int] = (0, 0, 0)) -> MemoryIndex:
         """A memory index holding every committed page of an LSM index (same rows)."""
-        index = cls(lsm.stamp, lsm.max_posting, records_dir, url_key)
+        index = cls(lsm.stamp, lsm.max_posting, records_dir, url_key, deep)
         for row, doc, stored_at in lsm.stored_docs():
             if len(index._docs) < row:  # rows of forgotten or replaced pages stay unused
                 gap = row - len(index._docs)
@@ -375,5 +396,8 @@ class MemoryIndex(LocalIndex):
             "index_bytes_per_page": index_bytes / pages if pages else 0.0,
             "doc_store_bytes": sum(v for k, v in self._docs.nbytes.items() if k != "on_disk"),
             "doc_file_bytes": self._docs.nbytes["on_disk"],
+            **({"deep_entries": len(self._deep), "deep_ram_bytes": deep["ram"],
+                "deep_file_bytes": deep["on_disk"]}
+               if self._deep is not None and (deep := self._deep.nbytes()) else {}),
             "namespaces": self.namespaces(),
         }

@@ -77,7 +77,8 @@ class Analyzer:
         contain = (settings.contain_keys, settings.contain_query_keys) \
             if settings.contains_on else (0, 0)
         self.sketcher = Sketcher(settings.params, (bands, settings.band_size),
-                                 sets=settings.verify_exact, contain=contain)
+                                 sets=settings.verify_exact, contain=contain,
+                                 deep=settings.deep_asked)
         if kernels() != "compiled":
             log.warning("pure stages run on %s code (the C extension stream_dedup.core._native "
                         "was not built or not bound): same decisions, several times slower; "

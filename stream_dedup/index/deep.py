@@ -1,0 +1,238 @@
+"""The memory index's deep containment keys (core/contain.py deep_keys): key -> rows on disk.
+
+A kept page stores ~1/8 of its shingles as deep keys (~85 for a mean web page): 8 bytes
+an entry would be ~700 bytes a page in RAM, three times the whole index. So the entries
+live in sorted runs in unlinked temporary files (the records' directory, arena.py
+records_home; a memfd, in RAM, when the records are), and RAM holds only
+
+- the newest entries, in an open-addressing table of uint64 slots (doubled as it fills,
+  up to SLOTS: 8 MiB), written out as one run when it is half full;
+- each run's fences: the first key of each block of BLOCK entries (0.008 bytes an entry).
+
+An entry is one uint64, key << 32 | row (the key's low 32 bits): sorted as integers, the
+entries of a key are in row order, oldest first. A lookup reads, in each run, the block
+its key may be in (one pread); a page asks with a few keys (contain_deep_asked), so a kept
+page costs ~3 x runs reads (the kernel: core/_deep.c; the Python twins here). Runs are
+merged as the memory index merges its own (the newer at least a quarter of the older), a
+step at a time from file to file, so the runs are few (log4 of the entries over SLOTS / 2)
+and a merge holds two steps in RAM. Each key keeps its `cap` most recent rows: a key that
+many pages share is a site's template (contain_common), not a lead. Rows that are gone
+(`dead`) are dropped by the spills and merges that meet them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+from stream_dedup.core import native as _native  # None: the Python twins
+from stream_dedup.errors import IndexStoreError
+
+BLOCK = 512  # entries a block (4 KiB): a fence each
+SLOTS = 1 << 20  # the newest entries' table (8 MiB), written out as a run half full
+_FIRST_SLOTS = 1 << 12  # its size at first: doubled as it fills, up to SLOTS
+STEP = 1 << 16  # entries a merge step reads from each run (512 KiB)
+EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_LOW32 = np.uint64(0xFFFF_FFFF)
+_32 = np.uint64(32)
+
+
+class _Run:
+    """One run of sorted entries in its own unlinked file (a memfd: in RAM)."""
+
+    def __init__(self, directory: str | None) -> None:
+        try:
+            if directory is None:
+                self.file = os.fdopen(os.memfd_create("stream-dedup-deep"), "rb", buffering=0)
+            else:
+                self.file = tempfile.TemporaryFile(dir=directory, prefix="stream-dedup-deep-",
+                                                   buffering=0)
+        except OSError as exc:
+            raise IndexStoreError(f"cannot make a deep-key run file in {directory or 'RAM'}: "
+                                  f"{exc} (choose another directory with "
+                                  f"--memory-records-dir)") from exc
+        self.close = weakref.finalize(self, self.file.close)
+        self.fd = self.file.fileno()
+        self.n = 0
+        self._fences: list[np.ndarray] = []
+        self.fences = np.zeros(0, np.uint32)  # the first key of each block
+
+    def append(self, entries: np.ndarray) -> None:
+        """Sorted entries, after the ones written (a run is written once, in order)."""
+        if not entries.shape[0]:
+            return
+        data = entries.astype("<u8", copy=False).data.cast("B")
+        done = 0
+        while done < len(data):  # a full disk raises here
+            done += os.pwrite(self.fd, data[done:], self.n * 8 + done)
+        first = (-self.n) % BLOCK  # the next block's start within these entries
+        self._fences.append((entries[first::BLOCK] >> _32).astype(np.uint32))
+        self.n += entries.shape[0]
+
+    def seal(self) -> _Run:
+        if self._fences:
+            self.fences = np.concatenate(self._fences)
+            self._fences = []
+        return self
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        count = max(0, min(count, self.n - start))
+        return np.frombuffer(os.pread(self.fd, count * 8, start * 8), "<u8").astype(np.uint64)
+
+    def rows(self, key: int) -> list[int]:
+        """The rows of one key (its low 32 bits), oldest first (the kernel's twin)."""
+        fences = self.fences
+        lo = int(np.searchsorted(fences, key, "left"))
+        end = int(np.searchsorted(fences, key, "right"))
+        first = max(lo - 1, 0)
+        entries = self.read(first * BLOCK, max(end - first, 1) * BLOCK)
+        a, b = np.searchsorted(entries >> _32, [key, key + 1])
+        return [int(r) for r in entries[a:b] & _LOW32]
+
+
+def _capped(entries: np.ndarray, cap: int, dead: Callable[[np.ndarray], np.ndarray | None]
+            ) -> np.ndarray:
+    """Sorted entries without the dead rows, each key's last `cap`: an entry is past its
+    key's cap when the entry `cap` places on has the same key."""
+    gone = dead((entries & _LOW32).astype(np.uint32))
+    if gone is not None:
+        entries = entries[~gone]
+    keys = entries >> _32
+    if keys.shape[0] <= cap:
+        return entries
+    over = keys[:-cap] == keys[cap:]
+    if not over.any():
+        return entries
+    kept: np.ndarray = entries[np.concatenate((~over, np.ones(cap, bool)))]
+    return kept
+
+
+class DeepKeys:
+    """Deep containment key -> the `cap` most recent rows holding it."""
+
+    def __init__(self, directory: str | None, cap: int,
+                 dead: Callable[[np.ndarray], np.ndarray | None]) -> None:
+        """`directory` None: the runs in RAM (memfd files)."""
+        self.directory, self.cap, self.dead = directory, cap, dead
+        self._table = np.full(min(SLOTS, _FIRST_SLOTS), EMPTY, np.uint64)
+        self._held = 0
+        self.runs: list[_Run] = []
+
+    def add(self, keys: np.ndarray, row: int) -> None:
+        """One kept page's deep keys (uint64; the low 32 bits are stored)."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        while self._held + keys.shape[0] > self._table.shape[0] // 2:
+            if self._table.shape[0] >= SLOTS:
+                self.spill()
+                break
+            self._grow()
+        self._insert(self._table, keys, row)
+        self._held += keys.shape[0]
+
+    @staticmethod
+    def _insert(table: np.ndarray, keys: np.ndarray, row: int) -> None:
+        """`row` under each key; row -1: the keys are entries (key << 32 | row)."""
+        if _native is not None:
+            _native.held_add(table, keys, row)
+            return
+        mask = table.shape[0] - 1
+        for key in keys.tolist():
+            entry = key if row < 0 else (key & 0xFFFF_FFFF) << 32 | row
+            slot = _slot(entry >> 32) & mask
+            while table[slot] != EMPTY:
+                slot = (slot + 1) & mask
+            table[slot] = entry
+
+    def _grow(self) -> None:
+        """The table twice the size (it starts small: a store that holds little costs
+        little), its entries put again in row order, so a key's stay oldest first."""
+        held = self._table[self._table != EMPTY]
+        self._table = np.full(self._table.shape[0] * 2, EMPTY, np.uint64)
+        self._insert(self._table, held[np.argsort(held & _LOW32, kind="stable")], -1)
+
+    def postings(self, keys: np.ndarray) -> list[list[int]]:
+        """Each key's `cap` most recent rows (uint64 keys), a list per key."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        if _native is not None:
+            got: list[list[int]] = _native.deep_get(
+                self._table, [(run.fd, run.fences) for run in self.runs], BLOCK, keys, self.cap)
+            return got
+        out = []
+        table, mask = self._table, self._table.shape[0] - 1
+        for key in (keys & _LOW32).tolist():
+            rows = [r for run in self.runs for r in run.rows(key)]
+            slot = _slot(key) & mask
+            while table[slot] != EMPTY:
+                if int(table[slot]) >> 32 == key:
+                    rows.append(int(table[slot]) & 0xFFFF_FFFF)
+                slot = (slot + 1) & mask
+            out.append(rows[-self.cap:])
+        return out
+
+    def spill(self) -> None:
+        """Write the entries held as a run; merge runs of similar size."""
+        held = self._table[self._table != EMPTY]
+        self._table.fill(EMPTY)  # (the full size: it fills again)
+        self._held = 0
+        if not held.shape[0]:
+            return
+        held.sort()
+        run = _Run(self.directory)
+        run.append(_capped(held, self.cap, self.dead))
+        self.runs.append(run.seal())
+        while len(self.runs) >= 2 and self.runs[-1].n * 4 >= self.runs[-2].n:
+            newer = self.runs.pop()
+            older = self.runs.pop()
+            self.runs.append(self._merge(older, newer))
+
+    def _merge(self, older: _Run, newer: _Run) -> _Run:
+        """The two runs as one, a step at a time: each step takes from both the entries of
+        keys below the smaller of the two steps' last keys (whose rows may go on past the
+        step), all of them once both are read to the end. A step has more than `cap`
+        entries, so more than one key (a run holds `cap` a key): each step takes some. The
+        older run's rows are the older, so the entries sorted are in order."""
+        out = _Run(self.directory)
+        step = max(STEP, self.cap + 1)
+        i = j = 0
+        while i < older.n or j < newer.n:
+            a, b = older.read(i, step), newer.read(j, step)
+            bound = min(int(a[-1]) >> 32 if i + a.shape[0] < older.n else 1 << 32,
+                        int(b[-1]) >> 32 if j + b.shape[0] < newer.n else 1 << 32)
+            below = np.uint64(min(bound << 32, (1 << 64) - 1))
+            a = a[: np.searchsorted(a, below, "left")]
+            b = b[: np.searchsorted(b, below, "left")]
+            both = np.concatenate((a, b))
+            both.sort(kind="stable")  # (two sorted runs: timsort merges them in one pass)
+            out.append(_capped(both, self.cap, self.dead))
+            i += a.shape[0]
+            j += b.shape[0]
+        older.close()
+        newer.close()
+        return out.seal()
+
+    def __len__(self) -> int:
+        return self._held + sum(run.n for run in self.runs)
+
+    def nbytes(self) -> dict[str, int]:
+        """Bytes in RAM (the table, the fences) and in the runs."""
+        return {"ram": self._table.nbytes + sum(run.fences.nbytes for run in self.runs),
+                "on_disk": sum(run.n for run in self.runs) * 8}
+
+    def close(self) -> None:
+        for run in self.runs:
+            run.close()
+        self.runs = []
+
+
+def _slot(key: int) -> int:
+    """The kernel's mix64 of a key: its first slot (before the table's mask)."""
+    x = key
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & 0xFFFF_FFFF_FFFF_FFFF
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & 0xFFFF_FFFF_FFFF_FFFF
+    return x ^ (x >> 31)

@@ -4,6 +4,8 @@ after spills and merges from file to file, against a plain model; the keys thems
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -93,3 +95,26 @@ def test_the_sample_without_the_kernel_is_the_same(monkeypatch) -> None:  # type
         with monkeypatch.context() as m:
             m.setattr(contain, "_native", None)
             assert contain.deep_keys(tops, 4, 8).tolist() == want, n
+
+
+def test_a_full_disk_loses_nothing(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A run that cannot be written: IndexStoreError, and every entry still found."""
+    from stream_dedup.errors import IndexStoreError
+
+    monkeypatch.setattr(deep, "SLOTS", 64)
+    monkeypatch.setattr(deep, "_FIRST_SLOTS", 64)
+    store = _store(tmp_path, 8)
+    real = os.pwrite
+    for row in range(12):
+        store.add(np.array([row % 3, 100 + row], np.uint64), row)
+    monkeypatch.setattr(os, "pwrite", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
+    with pytest.raises(IndexStoreError, match="deep containment keys"):
+        for row in range(12, 40):
+            store.add(np.array([row % 3, 100 + row], np.uint64), row)
+    monkeypatch.setattr(os, "pwrite", real)
+    added = row  # the page that found the disk full was not added
+    got = store.postings(np.array([0, 1, 2, 105], np.uint64))
+    assert got[:3] == [[r for r in range(added) if r % 3 == k][-8:] for k in range(3)]
+    assert got[3] == [5]
+    store.spill()
+    assert store.postings(np.array([0, 1, 2, 105], np.uint64)) == got

@@ -26,6 +26,7 @@ import os
 import tempfile
 import weakref
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 
@@ -174,28 +175,41 @@ class DeepKeys:
         return out
 
     def spill(self) -> None:
-        """Write the entries held as a run; merge runs of similar size."""
+        """Write the entries held as a run; merge runs of similar size. A write that fails
+        (a full disk) raises IndexStoreError and loses nothing: the table and the runs stay
+        as they were."""
         held = self._table[self._table != EMPTY]
+        if held.shape[0]:
+            held.sort()
+            self.runs.append(self._written(lambda run: run.append(
+                _capped(held, self.cap, self.dead))))
         self._table.fill(EMPTY)  # (the full size: it fills again)
         self._held = 0
-        if not held.shape[0]:
-            return
-        held.sort()
-        run = _Run(self.directory)
-        run.append(_capped(held, self.cap, self.dead))
-        self.runs.append(run.seal())
         while len(self.runs) >= 2 and self.runs[-1].n * 4 >= self.runs[-2].n:
-            newer = self.runs.pop()
-            older = self.runs.pop()
-            self.runs.append(self._merge(older, newer))
+            older, newer = self.runs[-2:]
+            self.runs[-2:] = [self._written(partial(self._merge, older, newer))]
+            older.close()
+            newer.close()
 
-    def _merge(self, older: _Run, newer: _Run) -> _Run:
-        """The two runs as one, a step at a time: each step takes from both the entries of
-        keys below the smaller of the two steps' last keys (whose rows may go on past the
-        step), all of them once both are read to the end. A step has more than `cap`
-        entries, so more than one key (a run holds `cap` a key): each step takes some. The
-        older run's rows are the older, so the entries sorted are in order."""
-        out = _Run(self.directory)
+    def _written(self, write: Callable[[_Run], None]) -> _Run:
+        """A new run `write` fills; on an error, none."""
+        run = _Run(self.directory)
+        try:
+            write(run)
+        except OSError as exc:
+            run.close()
+            raise IndexStoreError(f"cannot write the deep containment keys' run in "
+                                  f"{self.directory or 'RAM'}: {exc} (free space there, or "
+                                  f"choose another directory with --memory-records-dir)"
+                                  ) from exc
+        return run.seal()
+
+    def _merge(self, older: _Run, newer: _Run, out: _Run) -> None:
+        """The two runs as one, into `out`, a step at a time: each step takes from both the
+        entries of keys below the smaller of the two steps' last keys (whose rows may go on
+        past the step), all of them once both are read to the end. A step has more than
+        `cap` entries, so more than one key (a run holds `cap` a key): each step takes
+        some. The older run's rows are the older, so the entries sorted are in order."""
         step = max(STEP, self.cap + 1)
         i = j = 0
         while i < older.n or j < newer.n:
@@ -210,9 +224,6 @@ class DeepKeys:
             out.append(_capped(both, self.cap, self.dead))
             i += a.shape[0]
             j += b.shape[0]
-        older.close()
-        newer.close()
-        return out.seal()
 
     def __len__(self) -> int:
         return self._held + sum(run.n for run in self.runs)

@@ -25,17 +25,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import proc_status  # noqa: E402
 
 from stream_dedup.index.arena import records_home  # noqa: E402
 from stream_dedup.index.deep import DeepKeys  # noqa: E402
-
-
-def rss() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> int:
@@ -52,7 +47,7 @@ def main() -> int:
     store = DeepKeys(records_home(""), args.cap, lambda rows: None)
     chunk = 10_000
     gc.collect()
-    before = rss()
+    before = proc_status()["VmRSS"]
     started = time.perf_counter()
     cpu = time.process_time()
     for first in range(0, args.pages, chunk):
@@ -64,7 +59,7 @@ def main() -> int:
             print(f"  {first:,} pages, {len(store.runs)} runs", file=sys.stderr)
     add_wall, add_cpu = time.perf_counter() - started, time.process_time() - cpu
     gc.collect()
-    grown = rss() - before
+    grown = proc_status()["VmRSS"] - before
     counted = store.nbytes()
 
     # lookups: half of the asked keys some page stores (drawn again from the same seed)

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from stream_dedup.core.contain import CONTAIN_MAX
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import ConfigError
 from stream_dedup.security import read_properties, read_secret
@@ -200,101 +199,9 @@ class Settings:
             ld_n=self.ld_n,
         )
         object.__setattr__(self, "params", params)
-        if not 1 <= self.threshold <= self.groups:
-            raise ConfigError(f"threshold must be in 1..groups={self.groups}, got {self.threshold}")
-        if not 0.0 <= self.verify_rate <= 1.0:
-            raise ConfigError(f"verify_rate must be in [0, 1], got {self.verify_rate}")
-        if not 0.0 <= self.verify_min_resemblance <= 1.0:
-            raise ConfigError("verify_min_resemblance must be in [0, 1]")
-        if not 0.0 <= self.near_verified_min_resemblance <= 1.0:
-            raise ConfigError("near_verified_min_resemblance must be in [0, 1]")
-        if not 0.0 <= self.verify_min_jaccard <= 1.0:
-            raise ConfigError("verify_min_jaccard must be in [0, 1]")
-        if not 0.0 <= self.contain_min <= 1.0:
-            raise ConfigError("contain_min must be in [0, 1] (0: no containment)")
-        if self.contain_sample < 0 or self.contain_deep_asked < 0:
-            raise ConfigError("contain_sample and contain_deep_asked must be >= 0")
-        if self.contain_keys < 0 or self.contain_common < 1 or self.contain_max_candidates < 1:
-            raise ConfigError("contain_keys must be >= 0, contain_common and "
-                              "contain_max_candidates >= 1")
-        if not self.contain_keys <= self.contain_query_keys <= CONTAIN_MAX:
-            raise ConfigError(f"contain_query_keys must be in contain_keys..{CONTAIN_MAX}, "
-                              f"got {self.contain_query_keys}")
-        if self.bands < 0 or self.band_size < 1 or \
-                self.bands * self.band_size > params.num_perm:
-            raise ConfigError(f"bands ({self.bands}) x band_size ({self.band_size}) must fit "
-                              f"in the {params.num_perm} min-hashes (bands >= 0, band_size "
-                              ">= 1)")
-        if not 0.0 <= self.verify_max_ld_ratio <= 1.0:
-            raise ConfigError("verify_max_ld_ratio must be in [0, 1]")
-        if self.min_shingles < 1:
-            raise ConfigError("min_shingles must be >= 1")
-        if self.max_posting < 1 or self.verify_max_candidates < 1:
-            raise ConfigError("max_posting and verify_max_candidates must be >= 1")
-        if self.max_page_bytes < 1:
-            raise ConfigError("max_page_bytes must be >= 1")
-        if self.index not in ("memory", "lsm", "redis"):
-            raise ConfigError(f"index must be memory, lsm or redis, got {self.index!r}")
-        if self.memory_records not in ("disk", "ram"):
-            raise ConfigError(f"memory_records must be disk or ram, got {self.memory_records!r}")
-        if self.index == "redis" and not self.redis_url:
-            raise ConfigError("--index redis needs --redis-url redis://HOST:PORT (any node "
-                              "of the cluster)")
-        if self.index == "lsm" and not self.index_path:
-            raise ConfigError("--index lsm needs --index-path DIR (where the index lives)")
-        if not 1 <= self.redis_buckets <= 1 << 24:
-            raise ConfigError(f"redis_buckets must be 1 to {1 << 24}, got {self.redis_buckets}")
-        if self.retention_days < 0:
-            raise ConfigError("retention_days must be >= 0")
-        if self.input_format not in INPUT_FORMATS:
-            raise ConfigError(f"input_format must be one of {', '.join(INPUT_FORMATS)}, got "
-                              f"{self.input_format!r}")
-        if self.json_fields and self.input_format not in JSON_FORMATS:
-            raise ConfigError(f"json_fields maps the fields of a JSON message; input_format "
-                              f"{self.input_format!r} is not JSON ({' or '.join(JSON_FORMATS)})")
-        json_field_map(self.json_fields)
-        carry_names(self.carry_fields)
-        self._check_namespaces()
-        if self.batch_size < 1 or self.workers < 1 or self.recent_decisions < 0:
-            raise ConfigError("batch_size and workers must be >= 1, recent_decisions >= 0")
-        if not self.input_topic or not self.decisions_topic or not self.dead_letter_topic:
-            raise ConfigError("input, decisions and dead-letter topics must be named")
-        for topic in (self.input_topic, self.decisions_topic, self.kept_topic,
-                      self.dead_letter_topic, self.changelog_topic):
-            if topic and (not _TOPIC.fullmatch(topic) or topic in (".", "..")):
-                raise ConfigError(f"{topic!r} is not a valid Kafka topic name (1-249 of "
-                                  "a-z A-Z 0-9 . _ -)")
-        outputs = [t for t in (self.decisions_topic, self.kept_topic, self.dead_letter_topic)
-                   if t]
-        if self.input_topic in outputs or len(set(outputs)) < len(outputs):
-            raise ConfigError("the input, decisions, kept and dead-letter topics must be four "
-                              "different topics (an output written to the input topic would "
-                              "be read again, without end)")
-        if self.exactly_once and self.changelog() in (self.input_topic, *outputs):
-            raise ConfigError(f"the changelog topic {self.changelog()!r} must be a topic of "
-                              "its own (not the input or an output)")
-        if self.exactly_once and self.warm_from:
-            raise ConfigError("warm_from cannot be used with exactly_once: the memory index "
-                              "is restored from the changelog topic")
-        if self.transaction_timeout_s <= 0:
-            raise ConfigError("transaction_timeout_s must be > 0")
-        if not 0 <= self.http_port <= 65535:
-            raise ConfigError(f"http_port must be in 0..65535 (0 = off), got {self.http_port}")
-        if self.stall_seconds <= 0:
-            raise ConfigError("stall_seconds must be > 0")
+        from stream_dedup.config_checks import check  # (it imports this module)
 
-    def _check_namespaces(self) -> None:
-        from stream_dedup.index.namespaces import NamespaceError, check_name
-
-        try:
-            if self.namespace:
-                check_name(self.namespace, "namespace")
-            for name in self.read_namespaces:
-                check_name(name, "namespace_read")
-        except NamespaceError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.namespace_field:
-            _field_path(self.namespace_field, "namespace_field")
+        check(self)
 
     @property
     def read_namespaces(self) -> tuple[str, ...]:

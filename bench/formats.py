@@ -48,8 +48,8 @@ from formatkit import (  # noqa: E402
     warc_message,
 )
 
-from stream_dedup import config  # noqa: E402
 from stream_dedup.config import Settings  # noqa: E402
+from stream_dedup.config_checks import INPUT_FORMATS  # noqa: E402
 from stream_dedup.kafka.dialects import dialect_for  # noqa: E402
 from stream_dedup.kafka.messages import page_from_message  # noqa: E402
 from stream_dedup.models import Page, Rejected  # noqa: E402
@@ -98,7 +98,7 @@ def main() -> None:
     runnable: dict[str, tuple[list[Message], Settings]] = {}
     skipped = []
     for name, (build, flags) in FORMATS.items():
-        if flags.get("input_format", "json") not in config.INPUT_FORMATS:
+        if flags.get("input_format", "json") not in INPUT_FORMATS:
             skipped.append(name)
             continue
         runnable[name] = ([build(p) for p in pages], Settings(**flags))
@@ -123,7 +123,7 @@ def main() -> None:
                  "× json, range", "KB/message", "pages"], rows))
     for name in skipped:
         print(f"\n{name}: not available in this checkout (--input-format {name} is not "
-              f"one of {', '.join(config.INPUT_FORMATS)})")
+              f"one of {', '.join(INPUT_FORMATS)})")
     print(f"\n{args.rounds} rounds, formats in a new order each round; "
           f"{Path(sys.executable).name} {sys.version.split()[0]}")
 

@@ -8,26 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from stream_dedup.config_checks import check
 from stream_dedup.core.sketch import Params
 from stream_dedup.errors import ConfigError
 from stream_dedup.security import read_properties, read_secret
 
-_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-
 ENV_PREFIX = "STREAM_DEDUP_"
-JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is JSON
-INPUT_FORMATS = (*JSON_FORMATS, "html", "warc")
-# The page fields a json_fields mapping may read from a message (kafka/dialects.py)
-JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
-MAX_CARRY_FIELDS = 32
-FieldPath = tuple[str, ...]  # "meta.url" -> ("meta", "url"): a field of a nested object
-_FIELD_NAME = re.compile(r"[^\s,=|]+")
 _PARAMS = Params()  # the defaults of what a feature means are Params' own
 
 
@@ -199,8 +190,6 @@ class Settings:
             ld_n=self.ld_n,
         )
         object.__setattr__(self, "params", params)
-        from stream_dedup.config_checks import check  # (it imports this module)
-
         check(self)
 
     @property
@@ -313,48 +302,3 @@ def _coerce(name: str, value: Any) -> Any:
         return str(value)
     except ValueError:
         raise ConfigError(f"setting {name} expects {kind}, got {value!r}") from None
-
-
-def json_field_map(text: str) -> dict[str, tuple[FieldPath, ...]]:
-    """A json_fields mapping as {page field: the message fields to try, first present wins}:
-    "url=response_url|url,html=body,fetched_at=meta.time" (a dot reads a nested object's
-    field). A ConfigError says what is wrong with it."""
-    out: dict[str, tuple[FieldPath, ...]] = {}
-    for entry in filter(None, (e.strip() for e in text.split(","))):
-        page_field, eq, message_fields = (part.strip() for part in entry.partition("="))
-        if not eq:
-            raise ConfigError(f"json_fields: {entry!r} is not PAGE_FIELD=MESSAGE_FIELD "
-                              f"(e.g. url=response_url,html=body)")
-        if page_field not in JSON_PAGE_FIELDS:
-            raise ConfigError(f"json_fields: {page_field!r} is not a page field; the page "
-                              f"fields are {', '.join(JSON_PAGE_FIELDS)}")
-        if page_field in out:
-            raise ConfigError(f"json_fields: {page_field!r} is mapped twice (try fields in "
-                              f"turn with |, e.g. url=response_url|url)")
-        out[page_field] = tuple(_field_path(name, "json_fields")
-                                for name in message_fields.split("|"))
-    return out
-
-
-def carry_names(text: str) -> tuple[str, ...]:
-    """The carry_fields names, in order: message fields ("meta.id" a nested one) or, with
-    the html input format, Kafka header names. A ConfigError says what is wrong."""
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    for name in names:
-        _field_path(name, "carry_fields")
-    if len(set(names)) < len(names):
-        raise ConfigError(f"carry_fields names a field twice: {text!r}")
-    if len(names) > MAX_CARRY_FIELDS:
-        # each value may be 1,024 characters: the decision then stays far below a topic's
-        # 1 MB message limit, as its reduced form must
-        raise ConfigError(f"carry_fields names {len(names)} fields; at most "
-                          f"{MAX_CARRY_FIELDS}")
-    return names
-
-
-def _field_path(name: str, setting: str) -> FieldPath:
-    path = tuple(name.strip().split("."))
-    if not all(_FIELD_NAME.fullmatch(part) for part in path):
-        raise ConfigError(f"{setting}: {name.strip()!r} is not a field name (a name, or "
-                          f"names joined by dots for a nested field)")
-    return path

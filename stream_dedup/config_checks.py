@@ -1,19 +1,26 @@
 """What a Settings must satisfy (config.py calls `check` once it is built): every rule a
-value or a combination of values must meet, each with the error a user reads."""
+value or a combination of values must meet, each with the error a user reads; the input
+formats and the message field names (json_fields, carry_fields) they are checked against."""
 
 from __future__ import annotations
 
-from stream_dedup.config import (
-    _TOPIC,
-    INPUT_FORMATS,
-    JSON_FORMATS,
-    Settings,
-    _field_path,
-    carry_names,
-    json_field_map,
-)
+import re
+from typing import TYPE_CHECKING
+
 from stream_dedup.core.contain import CONTAIN_MAX
 from stream_dedup.errors import ConfigError
+
+if TYPE_CHECKING:
+    from stream_dedup.config import Settings
+
+JSON_FORMATS = ("json", "scrapy-cluster")  # Kafka input formats whose value is JSON
+INPUT_FORMATS = (*JSON_FORMATS, "html", "warc")
+# The page fields a json_fields mapping may read from a message (kafka/dialects.py)
+JSON_PAGE_FIELDS = ("url", "html", "body_b64", "encoding", "status", "fetched_at", "headers")
+MAX_CARRY_FIELDS = 32
+FieldPath = tuple[str, ...]  # "meta.url" -> ("meta", "url"): a field of a nested object
+_FIELD_NAME = re.compile(r"[^\s,=|]+")
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
 def check(s: Settings) -> None:
@@ -114,3 +121,48 @@ def _check_namespaces(s: Settings) -> None:
         raise ConfigError(str(exc)) from None
     if s.namespace_field:
         _field_path(s.namespace_field, "namespace_field")
+
+
+def json_field_map(text: str) -> dict[str, tuple[FieldPath, ...]]:
+    """A json_fields mapping as {page field: the message fields to try, first present wins}:
+    "url=response_url|url,html=body,fetched_at=meta.time" (a dot reads a nested object's
+    field). A ConfigError says what is wrong with it."""
+    out: dict[str, tuple[FieldPath, ...]] = {}
+    for entry in filter(None, (e.strip() for e in text.split(","))):
+        page_field, eq, message_fields = (part.strip() for part in entry.partition("="))
+        if not eq:
+            raise ConfigError(f"json_fields: {entry!r} is not PAGE_FIELD=MESSAGE_FIELD "
+                              f"(e.g. url=response_url,html=body)")
+        if page_field not in JSON_PAGE_FIELDS:
+            raise ConfigError(f"json_fields: {page_field!r} is not a page field; the page "
+                              f"fields are {', '.join(JSON_PAGE_FIELDS)}")
+        if page_field in out:
+            raise ConfigError(f"json_fields: {page_field!r} is mapped twice (try fields in "
+                              f"turn with |, e.g. url=response_url|url)")
+        out[page_field] = tuple(_field_path(name, "json_fields")
+                                for name in message_fields.split("|"))
+    return out
+
+
+def carry_names(text: str) -> tuple[str, ...]:
+    """The carry_fields names, in order: message fields ("meta.id" a nested one) or, with
+    the html input format, Kafka header names. A ConfigError says what is wrong."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        _field_path(name, "carry_fields")
+    if len(set(names)) < len(names):
+        raise ConfigError(f"carry_fields names a field twice: {text!r}")
+    if len(names) > MAX_CARRY_FIELDS:
+        # each value may be 1,024 characters: the decision then stays far below a topic's
+        # 1 MB message limit, as its reduced form must
+        raise ConfigError(f"carry_fields names {len(names)} fields; at most "
+                          f"{MAX_CARRY_FIELDS}")
+    return names
+
+
+def _field_path(name: str, setting: str) -> FieldPath:
+    path = tuple(name.strip().split("."))
+    if not all(_FIELD_NAME.fullmatch(part) for part in path):
+        raise ConfigError(f"{setting}: {name.strip()!r} is not a field name (a name, or "
+                          f"names joined by dots for a nested field)")
+    return path

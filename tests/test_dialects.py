@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from stream_dedup import Settings
-from stream_dedup.config import carry_names, json_field_map
+from stream_dedup.config_checks import carry_names, json_field_map
 from stream_dedup.core.decode import decode_html
 from stream_dedup.errors import ConfigError
 from stream_dedup.kafka.dialects import CARRY_MAX_CHARS, dialect_for

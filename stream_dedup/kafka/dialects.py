@@ -12,7 +12,7 @@ alternatives that the message has (not null) wins:
     fetched_at   timestamp                           fetched_at
     headers      response_headers                    headers
 
-`--json-fields` (config.json_field_map) replaces entries of the input format's column, so it
+`--json-fields` (config_checks.json_field_map) replaces entries of the input format's column, so it
 adapts `json` to any crawler's dialect and refines `scrapy-cluster` too: Scrapy Cluster run
 with KAFKA_BASE_64_ENCODE sends the body base64-encoded, read with
 `--input-format scrapy-cluster --json-fields body_b64=body`.
@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from stream_dedup.config import FieldPath, Settings, carry_names, json_field_map
+from stream_dedup.config import Settings
+from stream_dedup.config_checks import FieldPath, carry_names, json_field_map
 from stream_dedup.core.decode import decode_html, lookup_label
 from stream_dedup.errors import PageError
 from stream_dedup.models import Carried, Page, Rejected

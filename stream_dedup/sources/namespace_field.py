@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stream_dedup.config import FieldPath
+from stream_dedup.config_checks import FieldPath
 from stream_dedup.errors import PageError
 from stream_dedup.index.namespaces import NamespaceError, check_name
 

@@ -245,9 +245,6 @@ class LocalIndex:
     ever lost; handles are rows, in order of keeping."""
 
     _next_local: int
-    # Whether a batch may be decided before the one before it is committed (MemoryIndex):
-    # not where a commit makes the pages claimed so far durable with the batch's offsets
-    decides_ahead = False
 
     def first_with(self, layer: int, fingerprint: int) -> int | None:
         """The first row with this RAW or CANONICAL fingerprint."""

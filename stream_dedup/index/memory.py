@@ -199,10 +199,6 @@ class MemoryIndex(LocalIndex):
     them; their row (~60 bytes and its URL) and record stay, unused. When rows were kept:
     a Timeline (local_forget.py)."""
 
-    # A page claimed is held from then on, and a commit only records the offsets: the
-    # runner may decide a batch while the one before it is still delivered (runner/loop.py).
-    decides_ahead = True
-
     def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "",
                  url_key: Callable[[str], int] | None = None,
                  deep: tuple[int, int, int] = (0, 0, 0)) -> None:

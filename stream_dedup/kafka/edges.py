@@ -4,10 +4,9 @@ AIOKafkaProducer (clients made by kafka/client.py).
 KafkaSource
 - fetches with `getmany` (retriable errors retried with backoff, others stop the service),
   observes consumer lag per partition after every fetch;
-- holds batches against the rebalance listener (runner/edges.py HoldGate; two at once while
-  one is decided and the one before it delivered): a revoke waits until the batches in
-  flight are committed, and records of partitions revoked meanwhile are dropped uncommitted
-  (their new owner gets them);
+- holds a batch under a lock that the rebalance listener takes too: a revoke waits until the
+  batch in flight is committed, and records of partitions revoked meanwhile are dropped
+  uncommitted (their new owner gets them);
 - on every assignment resumes each partition at the offset stored in the index (a
   persistent index stores them with its pages, and may be ahead of the group's commit), and
   re-forms the batch a crash left in flight from the index's plan: it fetches until it holds
@@ -65,7 +64,7 @@ from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.kafka.topics import Limits
 from stream_dedup.metrics import Metrics
 from stream_dedup.models import Decision, Page, Rejected, position_id
-from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, Batch, HoldGate, pause
+from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, Batch, pause
 
 log = logging.getLogger("stream_dedup.kafka")
 
@@ -97,7 +96,7 @@ class FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         self._source = source
 
     async def on_partitions_revoked(self, revoked: list[TopicPartition]) -> None:
-        async with self._source.gate.revoke():  # the batches in flight are committed first
+        async with self._source.lock:  # the batch in flight is delivered and committed first
             log.info("partitions revoked: %s", partition_names(revoked))
             self._source.metrics.forget_partitions((tp.topic, tp.partition) for tp in revoked)
 
@@ -118,7 +117,6 @@ class KafkaSource:
     redelivers = True
     live = True
     reads_ahead = False  # a batch is held against rebalances until it is committed
-    decides_ahead = True
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: FeatureIndex,
                  metrics: Metrics) -> None:
@@ -126,7 +124,7 @@ class KafkaSource:
         self.consumer = consumer
         self.index = index
         self.metrics = metrics
-        self.gate = HoldGate()
+        self.lock = asyncio.Lock()
         self.listener = FinishBeforeRevoke(self)
         self.dialect = dialect_for(settings)  # None: the plain json / html reading
         self._fetch_delay = 0.5
@@ -204,7 +202,7 @@ class KafkaSource:
 
     @contextlib.asynccontextmanager
     async def hold(self, batch: Batch) -> AsyncIterator[Batch]:
-        async with self.gate.batch():
+        async with self.lock:
             yield self.owned(batch)
 
     def owned(self, batch: Batch) -> Batch:

@@ -184,15 +184,11 @@ class TransactionalSource(KafkaSource):
     transaction's (the sink's): nothing to commit here.
 
     A batch is decided only in the assignment it was fetched in. The runner takes a batch
-    (fetch), then holds it (hold, under the gate a revoke waits on too); a revoke can come
+    (fetch), then holds it (hold, under the lock a revoke takes too); a revoke can come
     between the two, and aiokafka's assignment() still names the old partitions until the
     rejoin completes. Batches are stamped with the assignment's generation (bumped at every
     revoke and assignment): one of an earlier generation is dropped in hold(), its records
     read again from the committed offset by whoever owns the partition now."""
-
-    # One batch at a time: a batch's `_taken` stamp, its transaction and the index's
-    # changelog are not laid out for two in flight
-    decides_ahead = False
 
     def __init__(self, settings: Settings, consumer: AIOKafkaConsumer, index: Any,
                  metrics: Metrics, producers: Producers, stop: asyncio.Event,
@@ -275,7 +271,7 @@ class TransactionalSource(KafkaSource):
 
     @contextlib.asynccontextmanager
     async def hold(self, batch: Batch) -> AsyncIterator[Batch]:
-        async with self.gate.batch():
+        async with self.lock:
             taken, self._taken = self._taken, None
             streams = list(batch.positions)
             stale = (taken is not None and taken[1] is batch and taken[0] != self.generation

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
@@ -110,9 +110,6 @@ class Source(Protocol):
     # Its next batch may be fetched while one is decided (nothing to hold or commit in
     # between, nothing a rebalance takes: files): the runner then keeps an analysis pool busy.
     reads_ahead: bool
-    # Several of its batches may be held at once, so the runner may decide one while the
-    # one before it is delivered and committed (if the index allows it too: a memory index).
-    decides_ahead: bool
 
     async def fetch(self, max_records: int, stop: asyncio.Event) -> Batch | None:
         """The next batch (no records: nothing yet), or None when the source has ended."""
@@ -180,53 +177,11 @@ class Faults:
         return cls(point, int(batch or 1), exit and not stall, float(stall or 0))
 
 
-class HoldGate:
-    """Batches held against a revoke (KafkaSource.hold): any number at once, so that one is
-    decided while the one before it is delivered and committed; a revoke waits until none
-    is held, and a batch waits while a revoke waits (a steady stream cannot starve it)."""
-
-    def __init__(self) -> None:
-        self._held = 0
-        self._revoking = 0
-        self._changed = asyncio.Condition()
-
-    @contextlib.asynccontextmanager
-    async def batch(self) -> AsyncIterator[None]:
-        async with self._changed:
-            await self._changed.wait_for(lambda: not self._revoking)
-            self._held += 1
-        try:
-            yield
-        finally:
-            await self._step("_held")
-
-    @contextlib.asynccontextmanager
-    async def revoke(self) -> AsyncIterator[None]:
-        async with self._changed:
-            self._revoking += 1
-            try:
-                await self._changed.wait_for(lambda: not self._held)
-            except BaseException:
-                self._revoking -= 1
-                self._changed.notify_all()
-                raise
-        try:
-            yield
-        finally:
-            await self._step("_revoking")
-
-    async def _step(self, counter: str) -> None:
-        async with self._changed:
-            setattr(self, counter, getattr(self, counter) - 1)
-            self._changed.notify_all()
-
-
 class PageRecords:
     """For a source whose records are pages (or rejects) already and whose batches nothing
     else changes: a batch is held as it is, a record is its own item."""
 
     reads_ahead = False
-    decides_ahead = False
 
     def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
         return contextlib.nullcontext(batch)
@@ -246,7 +201,6 @@ class ListSource(PageRecords):
 
     redelivers = True
     live = True
-    decides_ahead = True
 
     def __init__(self, streams: dict[str, Sequence[Page | Rejected | Skipped]],
                  committed: dict[str, int] | None = None, index: FeatureIndex | None = None,

@@ -99,17 +99,6 @@ class Unobserved:
         pass
 
 
-@dataclass(frozen=True, slots=True)
-class Decided:
-    """A batch decided, to be delivered and committed."""
-
-    batch: Batch
-    items: list[Page | Rejected]
-    decisions: list[Decision]
-    number: int  # the how-manieth batch this runner decided
-    decide_s: float
-
-
 @dataclass
 class RunStats:
     batches: int = 0
@@ -156,19 +145,13 @@ class Runner:
         # much as before.
         self.inline = inline
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="decide")
-        self._numbered = 0  # batches decided (Faults count them)
-        self._tail: asyncio.Task[bool] | None = None  # the batch being delivered (run())
 
     async def run(self, stop: asyncio.Event) -> None:
         """Process batches until `stop` is set or the source ends; the batch in flight is
         finished (or abandoned uncommitted, see STOP_GRACE_S). A source that `reads_ahead`
         (files), with an analysis pool, is read one batch ahead: its next batch is read
-        while this one is decided, so the worker processes are not idle meanwhile. Where
-        source and index both `decide_ahead`, a batch is decided while the one before it
-        is delivered and committed (see `_overlapped`)."""
+        while this one is decided, so the worker processes are not idle meanwhile."""
         ahead = self.pool is not None and self.source.reads_ahead
-        overlap = not self.inline and getattr(self.source, "decides_ahead", False) and \
-            getattr(self.dedup.index, "decides_ahead", False)
         next_fetch: asyncio.Task[Batch | None] | None = None
         # A stop gives a batch waiting in the index for another instance STOP_GRACE_S, as
         # it gives its outputs; then the wait ends (the batch is abandoned, uncommitted).
@@ -178,18 +161,14 @@ class Runner:
             asyncio.get_running_loop().call_later(STOP_GRACE_S, self.dedup.interrupt)))
         try:
             while not stop.is_set():
-                if self._tail is not None and self._tail.done():
-                    await self._finish_tail()  # what it raised, raised now
                 await self._expire(stop)
                 if next_fetch is not None:
                     fetched, next_fetch = await next_fetch, None
                 else:
                     fetched = await self.source.fetch(self.settings.batch_size, stop)
                 if fetched is None:
-                    break
-                if fetched.records and overlap:
-                    await self._overlapped(fetched, stop)
-                elif fetched.records:
+                    return
+                if fetched.records:
                     if ahead:
                         next_fetch = asyncio.ensure_future(
                             self.source.fetch(self.settings.batch_size, stop))
@@ -198,16 +177,10 @@ class Runner:
                             await self.process(batch, stop)
                 else:  # idle: the index gauges may lag behind the last batch
                     await self._step(lambda: self.metrics.refresh_index(self.dedup))
-            await self._finish_tail()
         finally:
             stopping.cancel()
             for handle in later:
                 handle.cancel()
-            if self._tail is not None:  # an error left it: it may end within the grace
-                await asyncio.wait({self._tail}, timeout=STOP_GRACE_S)
-                self._tail.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await self._tail
             if stop.is_set():  # nothing waits on in the decide thread (shut down below)
                 self.dedup.interrupt()
             if next_fetch is not None:  # read, never decided: it was not committed either
@@ -217,63 +190,13 @@ class Runner:
             self._thread.shutdown(wait=True)
 
     async def process(self, batch: Batch, stop: asyncio.Event) -> None:
-        """Decide, deliver and commit one batch, in that order."""
+        number = self.stats.batches + 1
+        laps = [time.perf_counter()]  # the steps' ends (stream_dedup_batch_step_seconds)
         try:
-            decided = await self._decided(batch, stop)
-        except Abandoned as exc:
-            self._abandon(batch, exc)
-            return
-        await self._deliver_and_commit(decided, stop)
-
-    async def _overlapped(self, fetched: Batch, stop: asyncio.Event) -> None:
-        """Hold and decide this batch while the one before it is delivered and committed
-        (the tail task); then deliver and commit it as the new tail. The index has the
-        earlier batch's pages from its decide step on (a local memory index: its commit
-        only records the offsets), so this batch is decided as it would be after it.
-        Outputs and commits stay in batch order: this batch's start once the tail is done;
-        a tail that was abandoned or raised takes this batch with it, uncommitted."""
-        held = contextlib.AsyncExitStack()
-        batch = await held.enter_async_context(self.source.hold(fetched))
-        try:
-            decided = await self._decided(batch, stop) if batch.records else None
-            if not await self._finish_tail():
-                raise Abandoned("the batch before it was abandoned")
-        except Abandoned as exc:
-            self._abandon(batch, exc)
-            await held.aclose()
-            return
-        except BaseException:
-            await held.aclose()
-            raise
-        if decided is None:
-            await held.aclose()
-            return
-
-        async def tail() -> bool:
-            async with held:
-                return await self._deliver_and_commit(decided, stop)
-        self._tail = asyncio.ensure_future(tail())
-
-    async def _finish_tail(self) -> bool:
-        """Wait for the batch being delivered and committed, if any: False if it was
-        abandoned; what it raised, raised."""
-        tail, self._tail = self._tail, None
-        return True if tail is None else await tail
-
-    async def _decided(self, batch: Batch, stop: asyncio.Event) -> Decided:
-        self._numbered += 1
-        started = time.perf_counter()
-        items, decisions = await self._index("decide", lambda: self._decide(batch), stop)
-        return Decided(batch, items, decisions, self._numbered, time.perf_counter() - started)
-
-    async def _deliver_and_commit(self, d: Decided, stop: asyncio.Event) -> bool:
-        """Deliver a decided batch, then commit it in the index and at the source; False if a
-        stop abandoned it."""
-        batch, number = d.batch, d.number
-        laps = [time.perf_counter() - d.decide_s, time.perf_counter()]  # the steps' ends
-        try:
+            items, decisions = await self._index("decide", lambda: self._decide(batch), stop)
+            laps.append(time.perf_counter())
             self.faults.at("before-deliver", number)
-            await within_grace(self.sink.deliver(batch, d.items, d.decisions, stop), stop)
+            await within_grace(self.sink.deliver(batch, items, decisions, stop), stop)
             delivered = time.time()
             laps.append(time.perf_counter())
             self.faults.at("before-index-commit", number)
@@ -286,11 +209,14 @@ class Runner:
             await within_grace(self.source.commit(batch, stop), stop)
             laps.append(time.perf_counter())
         except Abandoned as exc:
-            self._abandon(batch, exc)
-            return False
+            size = len(batch.records) + sum(batch.skipped.values())
+            log.warning("stopping (%s): a batch of %d records is not committed and will be "
+                        "delivered again", exc, size)
+            self.stats.abandoned += size
+            return
         m = self.metrics
         m.batch_steps(STEPS, laps)
-        m.decided(d.items, batch.received, delivered, since_fetch=self.source.live)
+        m.decided(items, batch.received, delivered, since_fetch=self.source.live)
         m.progress()
         skipped = sum(batch.skipped.values())
         for kind, n in batch.skipped.items():
@@ -299,16 +225,9 @@ class Runner:
         self.stats.batches += 1
         self.stats.records += len(batch.records) + skipped
         self.stats.committed += len(batch.records) + skipped
-        for decision in d.decisions:
-            key = f"{decision.decision}/{decision.reason}"
+        for d in decisions:
+            key = f"{d.decision}/{d.reason}"
             self.stats.decisions[key] = self.stats.decisions.get(key, 0) + 1
-        return True
-
-    def _abandon(self, batch: Batch, exc: Abandoned) -> None:
-        size = len(batch.records) + sum(batch.skipped.values())
-        log.warning("stopping (%s): a batch of %d records is not committed and will be "
-                    "delivered again", exc, size)
-        self.stats.abandoned += size
 
     async def _index(self, operation: str, step: Callable[[], T], stop: asyncio.Event) -> T:
         """Run an index step in the decide thread (`inline`: in this one); while the index is

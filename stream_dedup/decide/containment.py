@@ -42,7 +42,7 @@ def containment(a: Analysis, v: Verdict, postings: list[list[int]], nc: int, doc
     stored = v.doc.features[: v.doc.features.shape[0] - nc + s.contain_keys]
     v.doc.features = np.concatenate((stored, deep_keys(a.shingles, s.contain_keys,
                                                        s.contain_sample))) \
-        if nc > s.contain_query_keys else stored  # (the deep keys asked too)
+        if s.deep_asked else stored
     ranked = contain_candidates(postings, nc, s.contain_common, gone) if a.shingles else []
     if not ranked:
         return v

@@ -19,6 +19,7 @@ from aiokafka import TopicPartition
 from aiokafka.errors import (
     KafkaConnectionError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     TopicAuthorizationFailedError,
 )
 from aiokafka.structs import ConsumerRecord
@@ -192,6 +193,11 @@ def test_a_message_the_broker_still_refuses_as_too_large_is_sent_at_its_floor() 
     producer, consumer = asyncio.run(run(settings, records, [P0], producer))
     (topic, value, headers), = [m for m in producer.sent if m[0] == "decisions"]
     assert json.loads(value)["decision"] == "keep" and "stream-dedup-reduced" in headers
+    assert consumer.committed == {P0: 1}
+    # the kept page after it in its partition: refused by the broker as out of sequence
+    producer = FakeProducer([MessageSizeTooLargeError(), OutOfOrderSequenceNumber()])
+    producer, consumer = asyncio.run(run(settings, records, [P0], producer))
+    assert sorted(t for t, _, _ in producer.sent) == ["decisions", "kept"]
     assert consumer.committed == {P0: 1}
     producer = FakeProducer([MessageSizeTooLargeError()] * 2)  # no kept topic: both hit it
     with pytest.raises(KafkaDeliveryError, match="max.message.bytes"):

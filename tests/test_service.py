@@ -19,12 +19,14 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+from aiokafka.partitioner import DefaultPartitioner
 from opskit import wait_for
 from schemakit import decision_of
 
 from stream_dedup.cli.sample import SamplePage, build
 from stream_dedup.config import Settings
-from stream_dedup.kafka.client import make_producer, send_now
+from stream_dedup.kafka.client import make_producer, outcome, send_batched, send_now
 
 pytestmark = pytest.mark.kafka
 
@@ -173,6 +175,63 @@ def test_send_now_sends_without_waiting_for_the_linger(kafka_bootstrap: str) -> 
             await producer.stop()
 
     assert asyncio.run(go()) == [0, 1, 2, 3]
+
+
+def test_send_batched_partitions_by_key_keeps_order_and_fails_only_a_refused_batch(
+        kafka_bootstrap: str) -> None:
+    """send_batched (the sinks' path): each message on its key's partition (murmur2, as
+    `send`), in order within it, headers kept, in few record batches; a record the topic
+    refuses (larger than its max.message.bytes) fails alone, in a batch of its own. (The
+    batches after it in its partition are refused as out of sequence by the idempotent
+    broker: KafkaSink sends them again from a new producer, tests/test_runner.py.)"""
+    topic = names("batched")["input"]
+
+    async def go() -> tuple[list[Any], list[Any]]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 3, 1,
+                                                topic_configs={"max.message.bytes": "2000"})])
+        finally:
+            await admin.close()
+        producer = make_producer(Settings(bootstrap_servers=kafka_bootstrap), lambda: None,
+                                 max_batch=2000)
+        await producer.start()
+        try:
+            acks = await send_batched(producer, sends)
+            await asyncio.wait({a for a in acks if isinstance(a, asyncio.Future)}, timeout=30)
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap,
+                                    auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([TopicPartition(topic, p) for p in range(3)])
+            got: list[Any] = []
+            deadline = time.monotonic() + 30
+            while len(got) < len(sends) - 1 and time.monotonic() < deadline:
+                for records in (await consumer.getmany(timeout_ms=500)).values():
+                    got += records
+        finally:
+            await consumer.stop()
+        return acks, got
+
+    def partition(key: bytes) -> int:
+        return DefaultPartitioner()(key, [0, 1, 2], [0, 1, 2])  # type: ignore[no-any-return]
+
+    sends = [(topic, None, f"k{i}".encode(), f"v{i}-".encode() * 30, [("n", str(i).encode())])
+             for i in range(40)]
+    big = 1 + max(i for i in range(40) if partition(f"k{i}".encode()) == partition(b"big"))
+    sends.insert(big, (topic, None, b"big", b"x" * 5000, []))  # the last of its partition
+    acks, got = asyncio.run(go())
+    assert isinstance(outcome(acks[big]), (MessageSizeTooLargeError, RecordTooLargeError))
+    assert [outcome(a) is None for a in acks] == [key != b"big" for _, _, key, _, _ in sends]
+    assert len({id(a) for a in acks}) < len(acks) // 3  # ~10 records a batch
+    for p in range(3):
+        mine = [r for r in got if r.partition == p]
+        assert [r.key for r in mine] == [
+            key for _, _, key, _, _ in sends if key != b"big" and partition(key) == p]
+        assert all(r.headers == (("n", r.key[1:]),) for r in mine)
 
 
 def test_pages_in_decisions_out(kafka_bootstrap: str, service) -> None:  # type: ignore[no-untyped-def]

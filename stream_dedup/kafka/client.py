@@ -29,11 +29,11 @@ import asyncio
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import aiokafka.producer.sender as sender_module
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka import errors as kafka_errors
 from aiokafka.errors import KafkaConnectionError, KafkaError, KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
@@ -137,6 +137,101 @@ def send_now(producer: AIOKafkaProducer) -> None:
             waiter.set_result(None)  # the sender looks again now
     except AttributeError:
         return
+
+
+# What send_batched sends: topic, partition (None: the partitioner's, by key), key, value,
+# headers.
+Send = tuple[str, int | None, bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
+
+
+async def send_batched(producer: AIOKafkaProducer,
+                       sends: Sequence[Send]) -> list[asyncio.Future[Any] | BaseException]:
+    """Queue every send as part of a whole record batch, the sends of one partition in
+    order, and hand the batches to the sender at once (send_now). For each send: the future
+    of its batch (the broker writes or refuses a batch whole, as it does the batches that
+    `send` fills), or the KafkaError that kept it from being queued (the topic's metadata
+    unreachable; its partition's queue still full after request_timeout_ms: then the sends
+    of that partition after it are not queued either).
+
+    Not a `send` a message: its futures, checks and accumulator lookups cost 74 µs of CPU a
+    message, batches 31 (54 messages of 0.3 and 10 kB, one partition, local broker); two
+    messages a page at 800 pages/s. A producer without `create_batch` (a test's stand-in)
+    gets a `send` each."""
+    if not hasattr(producer, "create_batch"):
+        return [await _send_one(producer, s) for s in sends]
+    out: list[asyncio.Future[Any] | BaseException | None] = [None] * len(sends)
+    partitions: dict[str, list[int] | KafkaError] = {}
+    groups: dict[tuple[str, int], list[int]] = {}
+    for i, (topic, partition, key, _, _) in enumerate(sends):
+        if partition is None:
+            if topic not in partitions:
+                try:
+                    partitions[topic] = sorted(await producer.partitions_for(topic))
+                except KafkaError as exc:
+                    partitions[topic] = exc
+            known = partitions[topic]
+            if isinstance(known, KafkaError):
+                out[i] = known
+                continue
+            partition = partition_of(key, known, known)
+        groups.setdefault((topic, partition), []).append(i)
+    try:
+        for (topic, partition), members in groups.items():
+            try:
+                await _queue_partition(producer, sends, members,
+                                       TopicPartition(topic, partition), out)
+            except KafkaError as exc:
+                for i in members:
+                    if out[i] is None:
+                        out[i] = exc
+    except asyncio.CancelledError:  # what was queued fails when the producer closes
+        retrieve_later({f for f in out if isinstance(f, asyncio.Future)})
+        raise
+    send_now(producer)
+    return out  # type: ignore[return-value]  # every send has its future or error now
+
+
+async def _queue_partition(producer: AIOKafkaProducer, sends: Sequence[Send],
+                           members: list[int], tp: TopicPartition,
+                           out: list[asyncio.Future[Any] | BaseException | None]) -> None:
+    """The sends `members` of one partition, in batches as full as max_batch_size allows (a
+    record larger than that goes alone: a batch's first record always fits)."""
+    builder, held = producer.create_batch(), []
+    for i in members:
+        _, _, key, value, headers = sends[i]
+        record = {"timestamp": None, "key": key, "value": value, "headers": list(headers)}
+        if builder.append(**record) is None:
+            await _queue(producer, builder, tp, held, out)
+            builder, held = producer.create_batch(), []
+            builder.append(**record)
+        held.append(i)
+    await _queue(producer, builder, tp, held, out)
+
+
+async def _queue(producer: AIOKafkaProducer, builder: Any, tp: TopicPartition,
+                 held: list[int], out: list[asyncio.Future[Any] | BaseException | None]) -> None:
+    builder.close()  # ready to go: no linger (send_now)
+    future = await producer.send_batch(builder, tp.topic, partition=tp.partition)
+    for i in held:
+        out[i] = future
+
+
+def outcome(ack: asyncio.Future[Any] | BaseException) -> BaseException | None:
+    """Why a send of send_batched failed (its batch's future done), or None."""
+    if isinstance(ack, BaseException):
+        return ack
+    return asyncio.CancelledError() if ack.cancelled() else ack.exception()
+
+
+async def _send_one(producer: AIOKafkaProducer, s: Send) -> asyncio.Future[Any] | BaseException:
+    topic, partition, key, value, headers = s
+    try:
+        where = {} if partition is None else {"partition": partition}
+        ack: asyncio.Future[Any] = await producer.send(topic, value, key=key,
+                                                       headers=list(headers), **where)
+    except KafkaError as exc:
+        return exc
+    return ack
 
 
 async def stop_within(client: AIOKafkaConsumer | AIOKafkaProducer, seconds: float) -> None:

@@ -16,11 +16,11 @@ KafkaSource
 KafkaSink
 - sends one decision per record (key = URL), the original to the kept topic for keeps, the
   original bytes and the error to the dead-letter topic for rejects, each within the size its
-  topic accepts (kafka/decisions.py), hands them to the producer's sender at once (the batch's
-  last messages would otherwise wait out linger_ms: kafka_client.send_now), and waits for
-  every acknowledgement;
+  topic accepts (kafka/decisions.py), as whole record batches handed to the producer's
+  sender at once (kafka_client.send_batched), and waits for every acknowledgement;
 - sends again only what failed with a retriable error, with backoff; a message refused as
-  too large goes again at its floor (a new producer first); anything else stops the service
+  too large goes again at its floor, and the ones after it in its partition (refused as out
+  of sequence) as they were, from a new producer; anything else stops the service
   with a KafkaDeliveryError that names it.
 """
 
@@ -41,6 +41,7 @@ from aiokafka.errors import (
     IllegalStateError,
     KafkaError,
     MessageSizeTooLargeError,
+    OutOfOrderSequenceNumber,
     RebalanceInProgressError,
     RecordTooLargeError,
     UnknownMemberIdError,
@@ -53,9 +54,10 @@ from stream_dedup.kafka.batches import source_of
 from stream_dedup.kafka.client import (
     MAX_BACKOFF_S,
     is_retriable,
+    outcome,
     retrieve_later,
     retry,
-    send_now,
+    send_batched,
     stop_within,
 )
 from stream_dedup.kafka.decisions import Message, Topics, as_record, messages_for
@@ -312,6 +314,11 @@ class KafkaSink:
                     again.append(smallest)
                     self.metrics.reduced.labels(msg.output).inc()
                     renew = True
+                elif isinstance(exc, OutOfOrderSequenceNumber):
+                    # a batch before it in its partition was refused (too large): the
+                    # sequence numbers this producer holds no longer match the broker's
+                    again.append(msg)
+                    renew = True
                 elif is_retriable(exc):
                     again.append(msg)
                 else:
@@ -331,28 +338,19 @@ class KafkaSink:
             pending = again
 
     async def _attempt(self, messages: list[Message]) -> list[tuple[Message, BaseException]]:
-        """Send once; the messages that failed, with why. After one send that could not even
-        be queued (the broker's metadata is unreachable) the rest are not tried."""
-        queued: list[tuple[Message, asyncio.Future[Any]]] = []
-        failed: list[tuple[Message, BaseException]] = []
+        """Send once; the messages that failed, with why (a message's outcome is its record
+        batch's)."""
         assert self.producer is not None, "the service makes the producer before run()"
+        acks = await send_batched(self.producer, [(m.topic, None, m.key, m.value, m.headers)
+                                                  for m in messages])
+        batches = {a for a in acks if isinstance(a, asyncio.Future)}
         try:
-            for i, msg in enumerate(messages):
-                try:
-                    ack = await self.producer.send(msg.topic, msg.value, key=msg.key,
-                                                   headers=list(msg.headers))
-                except KafkaError as exc:
-                    failed += [(later, exc) for later in messages[i:]]
-                    break
-                queued.append((msg, ack))
-            send_now(self.producer)
-            results = await asyncio.gather(*(ack for _, ack in queued),
-                                           return_exceptions=True)
+            if batches:
+                await asyncio.wait(batches)
         except asyncio.CancelledError:
             # A stop past the grace: what was queued fails when the producer closes; read
             # then, not logged as "Future exception was never retrieved"
-            retrieve_later(ack for _, ack in queued)
+            retrieve_later(batches)
             raise
-        failed += [(msg, r) for (msg, _), r in zip(queued, results, strict=True)
-                   if isinstance(r, BaseException)]
-        return failed
+        return [(msg, why) for msg, why in zip(messages, map(outcome, acks), strict=True)
+                if why is not None]

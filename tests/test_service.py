@@ -179,7 +179,7 @@ def test_send_now_sends_without_waiting_for_the_linger(kafka_bootstrap: str) -> 
 
 def test_send_batched_partitions_by_key_keeps_order_and_fails_only_a_refused_batch(
         kafka_bootstrap: str) -> None:
-    """send_batched (the sinks' path): each message on its key's partition (murmur2, as
+    """send_batched (KafkaSink's path): each message on its key's partition (murmur2, as
     `send`), in order within it, headers kept, in few record batches; a record the topic
     refuses (larger than its max.message.bytes) fails alone, in a batch of its own. (The
     batches after it in its partition are refused as out of sequence by the idempotent
@@ -219,18 +219,18 @@ def test_send_batched_partitions_by_key_keeps_order_and_fails_only_a_refused_bat
     def partition(key: bytes) -> int:
         return DefaultPartitioner()(key, [0, 1, 2], [0, 1, 2])  # type: ignore[no-any-return]
 
-    sends = [(topic, None, f"k{i}".encode(), f"v{i}-".encode() * 30, [("n", str(i).encode())])
+    sends = [(topic, f"k{i}".encode(), f"v{i}-".encode() * 30, [("n", str(i).encode())])
              for i in range(40)]
     big = 1 + max(i for i in range(40) if partition(f"k{i}".encode()) == partition(b"big"))
-    sends.insert(big, (topic, None, b"big", b"x" * 5000, []))  # the last of its partition
+    sends.insert(big, (topic, b"big", b"x" * 5000, []))  # the last of its partition
     acks, got = asyncio.run(go())
     assert isinstance(outcome(acks[big]), (MessageSizeTooLargeError, RecordTooLargeError))
-    assert [outcome(a) is None for a in acks] == [key != b"big" for _, _, key, _, _ in sends]
+    assert [outcome(a) is None for a in acks] == [key != b"big" for _, key, _, _ in sends]
     assert len({id(a) for a in acks}) < len(acks) // 3  # ~10 records a batch
     for p in range(3):
         mine = [r for r in got if r.partition == p]
         assert [r.key for r in mine] == [
-            key for _, _, key, _, _ in sends if key != b"big" and partition(key) == p]
+            key for _, key, _, _ in sends if key != b"big" and partition(key) == p]
         assert all(r.headers == (("n", r.key[1:]),) for r in mine)
 
 

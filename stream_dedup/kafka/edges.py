@@ -341,7 +341,7 @@ class KafkaSink:
         """Send once; the messages that failed, with why (a message's outcome is its record
         batch's)."""
         assert self.producer is not None, "the service makes the producer before run()"
-        acks = await send_batched(self.producer, [(m.topic, None, m.key, m.value, m.headers)
+        acks = await send_batched(self.producer, [(m.topic, m.key, m.value, m.headers)
                                                   for m in messages])
         batches = {a for a in acks if isinstance(a, asyncio.Future)}
         try:

@@ -61,10 +61,9 @@ from stream_dedup.kafka import changelog
 from stream_dedup.kafka.client import (
     is_fatal,
     make_producer,
-    outcome,
     retrieve_later,
     retry,
-    send_batched,
+    send_now,
     stop_within,
 )
 from stream_dedup.kafka.edges import (
@@ -317,17 +316,19 @@ class TransactionalSink(KafkaSink):
         changes = changelog.records(batch.changes, f"{stream}/{first}") if self.journal else []
         self.delivered += 1
         started = time.perf_counter()
-        acks: set[asyncio.Future[Any]] = set()
+        acks: list[asyncio.Future[Any]] = []
+        logs: list[asyncio.Future[Any]] = []
         try:
             await producer.begin_transaction()
-            sent = await send_batched(producer, [
-                *((m.topic, None, m.key, m.value, m.headers) for m in outputs),
-                *((self.changelog.topic, 0, key, value, headers)
-                  for key, value, headers in changes)])
-            acks = {a for a in sent if isinstance(a, asyncio.Future)}
-            if acks:
-                await asyncio.wait(acks)
-            failed = [why for why in map(outcome, sent) if why is not None]
+            for m in outputs:
+                acks.append(await producer.send(m.topic, m.value, key=m.key,
+                                                headers=list(m.headers)))
+            for key, value, headers in changes:
+                logs.append(await producer.send(self.changelog.topic, value, key=key,
+                                                headers=list(headers), partition=0))
+            send_now(producer)
+            results = await asyncio.gather(*acks, *logs, return_exceptions=True)
+            failed = [r for r in results if isinstance(r, BaseException)]
             if failed:  # every send's outcome read (none left to log "never retrieved")
                 raise failed[0]
             # After the acknowledgements: sent with them, its round trips met a refusal now
@@ -339,10 +340,10 @@ class TransactionalSink(KafkaSink):
         except asyncio.CancelledError:
             # A stop past the grace: the broker aborts it (timeout, or the next fence). The
             # sends queued are failed by the producer's close: read, not logged as lost.
-            retrieve_later(acks)
+            retrieve_later([*acks, *logs])
             raise
         except (KafkaError, OSError) as exc:
-            retrieve_later(acks)  # a send that raised left the earlier ones
+            retrieve_later([*acks, *logs])  # a send that raised left the earlier ones
             self.metrics.transactions.labels("aborted").inc()
             self.metrics.kafka_error("produce")
             with contextlib.suppress(KafkaError, TimeoutError, OSError, Exception):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from stream_dedup.core.urls import UrlKeys
 from stream_dedup.index.base import CANONICAL, RAW, FeatureIndex, StoredDoc
+from stream_dedup.index.deep import NO_DEEP_KEYS, DeepLayout
 from stream_dedup.index.memory import MemoryIndex
 
 log = logging.getLogger("stream_dedup")
@@ -86,10 +87,10 @@ def index_for(settings: Settings, observe: Any = None) -> FeatureIndex:
                                       Path(s.index_path) if s.index_path else None)
 
 
-def deep_layout(s: Settings) -> tuple[int, int, int]:
-    """A MemoryIndex's `deep` under these settings: the keys a kept page stores before its
-    deep keys, the deep keys a probe ends with, the rows a deep key holds."""
-    return (s.stored_keys, s.deep_asked, s.contain_common) if s.deep_asked else (0, 0, 0)
+def deep_layout(s: Settings) -> DeepLayout:
+    """A MemoryIndex's deep keys under these settings."""
+    return DeepLayout(s.stored_keys, s.deep_asked, s.contain_common) if s.deep_asked \
+        else NO_DEEP_KEYS
 
 
 def contain_options(s: Settings) -> dict[str, Any]:

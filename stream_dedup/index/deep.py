@@ -27,6 +27,7 @@ import tempfile
 import weakref
 from collections.abc import Callable
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -110,6 +111,18 @@ def _capped(entries: np.ndarray, cap: int, dead: Callable[[np.ndarray], np.ndarr
         return entries
     kept: np.ndarray = entries[np.concatenate((~over, np.ones(cap, bool)))]
     return kept
+
+
+class DeepLayout(NamedTuple):
+    """Where a MemoryIndex's deep containment keys are: a kept page's keys past its first
+    `stored`, a probe's last `asked`; a deep key holds `cap` rows. asked 0: none apart."""
+
+    stored: int
+    asked: int
+    cap: int
+
+
+NO_DEEP_KEYS = DeepLayout(0, 0, 0)
 
 
 class DeepKeys:

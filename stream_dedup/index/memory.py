@@ -38,7 +38,7 @@ from stream_dedup.errors import IndexMismatchError
 from stream_dedup.index import runs
 from stream_dedup.index.arena import DocArena, records_home
 from stream_dedup.index.base import CANONICAL, RAW, Claim, Docs, LocalIndex, Plan, StoredDoc
-from stream_dedup.index.deep import DeepKeys
+from stream_dedup.index.deep import NO_DEEP_KEYS, DeepKeys, DeepLayout
 from stream_dedup.index.local_forget import Timeline, selected_rows
 from stream_dedup.index.namespaces import Forget, salt, unpack_url
 
@@ -201,10 +201,9 @@ class MemoryIndex(LocalIndex):
 
     def __init__(self, stamp: int, max_posting: int = 64, records_dir: str | None = "",
                  url_key: Callable[[str], int] | None = None,
-                 deep: tuple[int, int, int] = (0, 0, 0)) -> None:
-        """`deep` (stored, asked, cap): a kept page's keys past its first `stored` and a
-        probe's last `asked` are deep containment keys, held `cap` a key in deep.py's
-        store (on disk beside the records; in RAM with them); (0, 0, 0): none apart."""
+                 deep: DeepLayout = NO_DEEP_KEYS) -> None:
+        """`deep`: where the deep containment keys are, held in deep.py's store (on disk
+        beside the records; in RAM with them); by default none apart."""
         self.stamp = stamp
         self.cap = max_posting
         self._next_local = 0
@@ -221,7 +220,7 @@ class MemoryIndex(LocalIndex):
         self._docs = DocArena(records_dir)
         self._deep_layout = deep
         self._deep = DeepKeys(records_home(records_dir) if records_dir is not None else None,
-                              deep[2], dead) if deep[1] else None
+                              deep.cap, dead) if deep.asked else None
         self._timeline = Timeline()
         self._offsets: dict[str, int] = {}
 
@@ -249,7 +248,7 @@ class MemoryIndex(LocalIndex):
 
     def postings(self, features: np.ndarray) -> list[list[int]]:
         if self._deep is not None:
-            asked = self._deep_layout[1]
+            asked = self._deep_layout.asked
             lists = self._features.postings(features[:-asked]) + \
                 self._deep.postings(features[-asked:])
         else:
@@ -332,7 +331,7 @@ class MemoryIndex(LocalIndex):
         need = (len(self._docs) + 7) >> 3
         if len(self._retired) < need:
             self._retired.extend(bytes(need - len(self._retired) + 4096))
-        stored = self._deep_layout[0] if self._deep is not None else 1 << 30
+        stored = self._deep_layout.stored if self._deep is not None else 1 << 30
         for doc in docs:
             if doc.features.shape[0] > stored:
                 self._features.add_many(doc.features[:stored], row)
@@ -369,7 +368,7 @@ class MemoryIndex(LocalIndex):
     @classmethod
     def warm_from(cls, lsm: LsmIndex, records_dir: str | None = "",
                   url_key: Callable[[str], int] | None = None,
-                  deep: tuple[int, int, int] = (0, 0, 0)) -> MemoryIndex:
+                  deep: DeepLayout = NO_DEEP_KEYS) -> MemoryIndex:
         """A memory index holding every committed page of an LSM index (same rows)."""
         index = cls(lsm.stamp, lsm.max_posting, records_dir, url_key, deep)
         for row, doc, stored_at in lsm.stored_docs():

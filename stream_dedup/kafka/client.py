@@ -156,8 +156,8 @@ async def send_batched(producer: AIOKafkaProducer,
     message, batches 31 (54 messages of 0.3 and 10 kB, one partition, local broker); two
     messages a page at 800 pages/s. Not for a transaction's sends: there a transaction took
     19.7 ms a batch, not 15.6, and p99 at 800/s was 788 ms, not 278 (bench/exactly_once.py,
-    two runs minutes apart). A producer
-    without `create_batch` (a test's stand-in) gets a `send` each."""
+    two runs minutes apart). A producer without `create_batch` (a test's stand-in) gets a
+    `send` each."""
     if not hasattr(producer, "create_batch"):
         return [await _send_one(producer, s) for s in sends]
     out: list[asyncio.Future[Any] | BaseException | None] = [None] * len(sends)
@@ -172,7 +172,7 @@ async def send_batched(producer: AIOKafkaProducer,
         known = partitions[topic]
         if isinstance(known, KafkaError):
             out[i] = known
-        else:
+        else:  # all partitions taken as available: only a keyless send's would differ
             groups.setdefault(TopicPartition(topic, partition_of(key, known, known)),
                               []).append(i)
     try:
@@ -195,7 +195,8 @@ async def _queue_partition(producer: AIOKafkaProducer, sends: Sequence[Send],
                            out: list[asyncio.Future[Any] | BaseException | None]) -> None:
     """The sends `members` of one partition, in batches as full as max_batch_size allows (a
     record larger than that goes alone: a batch's first record always fits)."""
-    builder, held = producer.create_batch(), list[int]()
+    builder = producer.create_batch()
+    held: list[int] = []
     for i in members:
         _, key, value, headers = sends[i]
         record = {"timestamp": None, "key": key, "value": value, "headers": list(headers)}

@@ -155,9 +155,9 @@ async def send_batched(producer: AIOKafkaProducer,
     Not a `send` a message: its futures, checks and accumulator lookups cost 74 µs of CPU a
     message, batches 31 (54 messages of 0.3 and 10 kB, one partition, local broker); two
     messages a page at 800 pages/s. Not for a transaction's sends: there a transaction took
-    19.7 ms a batch, not 15.6, and p99 at 800/s was 788 ms, not 278 (bench/exactly_once.py,
-    two runs minutes apart). A producer without `create_batch` (a test's stand-in) gets a
-    `send` each."""
+    15.0 and 16.2 ms a batch, not 14.4 and 13.1, and p99 at 800/s was 314 and 363 ms, not
+    236 and 278 (bench/exactly_once.py, the two alternated, twice). A producer without
+    `create_batch` (a test's stand-in) gets a `send` each."""
     if not hasattr(producer, "create_batch"):
         return [await _send_one(producer, s) for s in sends]
     out: list[asyncio.Future[Any] | BaseException | None] = [None] * len(sends)

@@ -3,11 +3,13 @@ messages built for a decision (reduced to fit their topic)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import struct
 
 import pytest
+from aiokafka.errors import KafkaTimeoutError
 from aiokafka.partitioner import DefaultPartitioner
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from aiokafka.record.util import calc_crc32c
@@ -16,7 +18,12 @@ from hypothesis import strategies as st
 
 from stream_dedup import Settings
 from stream_dedup.kafka.batches import BatchFormatError, raw_header_key, read_batch
-from stream_dedup.kafka.client import RateLimitedLog, partition_of, producer_kwargs
+from stream_dedup.kafka.client import (
+    RateLimitedLog,
+    partition_of,
+    producer_kwargs,
+    send_batched,
+)
 from stream_dedup.kafka.decisions import Record, Topics, messages_for
 from stream_dedup.kafka.messages import page_from_message
 from stream_dedup.kafka.tolerating import ToleratingRecords
@@ -203,3 +210,23 @@ def test_the_producer_partitions_by_key_as_aiokafka_does_but_one_partition_unhas
     assert partition_of(b"https://a.example/", [7], [7]) == 7 and partition_of(None, [7], []) == 7
     assert hashed == []
     assert producer_kwargs(Settings())["partitioner"] is partition_of
+
+
+def test_send_batched_queues_nothing_when_the_metadata_is_unreachable() -> None:
+    """The first topic whose partitions cannot be learnt fails every send of the call: the
+    metadata wait (request_timeout_ms) is not repeated for every topic, and nothing half of
+    the batch is queued."""
+    asked: list[str] = []
+
+    class NoMetadata:
+        def create_batch(self) -> None:
+            raise AssertionError("nothing may be queued")
+
+        async def partitions_for(self, topic: str) -> set[int]:
+            asked.append(topic)
+            raise KafkaTimeoutError()
+
+    sends = [("decisions", b"k", b"v", []), ("kept", b"k", b"page", [])]
+    got = asyncio.run(send_batched(NoMetadata(), sends))  # type: ignore[arg-type]
+    assert [type(e) for e in got] == [KafkaTimeoutError, KafkaTimeoutError]
+    assert asked == ["decisions"]

@@ -181,9 +181,10 @@ def test_send_batched_partitions_by_key_keeps_order_and_fails_only_a_refused_bat
         kafka_bootstrap: str) -> None:
     """send_batched (KafkaSink's path): each message on its key's partition (murmur2, as
     `send`), in order within it, headers kept, in few record batches; a record the topic
-    refuses (larger than its max.message.bytes) fails alone, in a batch of its own. (The
-    batches after it in its partition are refused as out of sequence by the idempotent
-    broker: KafkaSink sends them again from a new producer, tests/test_runner.py.)"""
+    refuses (larger than its max.message.bytes) fails alone, in a batch of its own; with a
+    linger of 60 s every ack within 30 s. (The batches after it in its partition are
+    refused as out of sequence by the idempotent broker: KafkaSink sends them again from a
+    new producer, tests/test_runner.py.)"""
     topic = names("batched")["input"]
 
     async def go() -> tuple[list[Any], list[Any]]:
@@ -195,11 +196,13 @@ def test_send_batched_partitions_by_key_keeps_order_and_fails_only_a_refused_bat
         finally:
             await admin.close()
         producer = make_producer(Settings(bootstrap_servers=kafka_bootstrap), lambda: None,
-                                 max_batch=2000)
+                                 max_batch=2000, linger_ms=60_000)
         await producer.start()
         try:
             acks = await send_batched(producer, sends)
-            await asyncio.wait({a for a in acks if isinstance(a, asyncio.Future)}, timeout=30)
+            _, late = await asyncio.wait({a for a in acks if isinstance(a, asyncio.Future)},
+                                         timeout=30)
+            assert not late
         finally:
             await producer.stop()
         consumer = AIOKafkaConsumer(bootstrap_servers=kafka_bootstrap,

@@ -146,11 +146,12 @@ Send = tuple[str, bytes | None, bytes | None, Sequence[tuple[str, bytes]]]
 async def send_batched(producer: AIOKafkaProducer,
                        sends: Sequence[Send]) -> list[asyncio.Future[Any] | BaseException]:
     """Queue every send as part of a whole record batch, the sends of one partition in
-    order, and hand the batches to the sender at once (send_now). For each send: the future
-    of its batch (the broker writes or refuses a batch whole, as it does the batches that
-    `send` fills), or the KafkaError that kept it from being queued (the topic's metadata
-    unreachable; its partition's queue still full after request_timeout_ms: then the sends
-    of that partition after it are not queued either).
+    order; each batch is closed, so the sender takes it at once (no linger). For each send:
+    the future of its batch (the broker writes or refuses a batch whole, as it does the
+    batches that `send` fills), or the KafkaError that kept it from being queued: the
+    broker's metadata unreachable (then none is queued: a wait for it is not repeated for
+    every topic), or its partition's queue still full after request_timeout_ms (then the
+    sends of that partition after it are not queued either).
 
     Not a `send` a message: its futures, checks and accumulator lookups cost 74 µs of CPU a
     message, batches 31 (54 messages of 0.3 and 10 kB, one partition, local broker); two
@@ -160,21 +161,17 @@ async def send_batched(producer: AIOKafkaProducer,
     `create_batch` (a test's stand-in) gets a `send` each."""
     if not hasattr(producer, "create_batch"):
         return [await _send_one(producer, s) for s in sends]
-    out: list[asyncio.Future[Any] | BaseException | None] = [None] * len(sends)
-    partitions: dict[str, list[int] | KafkaError] = {}
+    partitions: dict[str, list[int]] = {}
     groups: dict[TopicPartition, list[int]] = {}
     for i, (topic, key, _, _) in enumerate(sends):
         if topic not in partitions:
             try:
                 partitions[topic] = sorted(await producer.partitions_for(topic))
             except KafkaError as exc:
-                partitions[topic] = exc
-        known = partitions[topic]
-        if isinstance(known, KafkaError):
-            out[i] = known
-        else:  # all partitions taken as available: only a keyless send's would differ
-            groups.setdefault(TopicPartition(topic, partition_of(key, known, known)),
-                              []).append(i)
+                return [exc] * len(sends)
+        known = partitions[topic]  # all taken as available: only a keyless send's would differ
+        groups.setdefault(TopicPartition(topic, partition_of(key, known, known)), []).append(i)
+    out: list[asyncio.Future[Any] | BaseException | None] = [None] * len(sends)
     try:
         for tp, members in groups.items():
             try:
@@ -186,7 +183,6 @@ async def send_batched(producer: AIOKafkaProducer,
     except asyncio.CancelledError:  # what was queued fails when the producer closes
         retrieve_later({f for f in out if isinstance(f, asyncio.Future)})
         raise
-    send_now(producer)
     return out  # type: ignore[return-value]  # every send has its future or error now
 
 
@@ -210,7 +206,7 @@ async def _queue_partition(producer: AIOKafkaProducer, sends: Sequence[Send],
 
 async def _queue(producer: AIOKafkaProducer, builder: Any, tp: TopicPartition,
                  held: list[int], out: list[asyncio.Future[Any] | BaseException | None]) -> None:
-    builder.close()  # ready to go: no linger (send_now)
+    builder.close()  # ready: the sender takes it without waiting out linger_ms
     future = await producer.send_batch(builder, tp.topic, partition=tp.partition)
     for i in held:
         out[i] = future

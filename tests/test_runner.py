@@ -37,7 +37,9 @@ from stream_dedup.runner.loop import STEPS, Runner
 
 
 class FakeConsumer:
-    """Partitions of records; getmany drains them in `order`, as a fetch might."""
+    """Partitions of records; getmany drains them in `order`, as a fetch might, and waits
+    a little when there is nothing (as a fetch waits for records). Everything committed is
+    the end of the input: `stop` is set."""
 
     def __init__(self, records: dict[TopicPartition, list[ConsumerRecord]],
                  order: list[TopicPartition], stop: asyncio.Event) -> None:
@@ -59,7 +61,7 @@ class FakeConsumer:
             if not max_records:
                 break
         if not out:
-            self.stop.set()
+            await asyncio.sleep(min(timeout_ms, 10) / 1000)
         return out
 
     async def position(self, tp: TopicPartition) -> int:
@@ -73,6 +75,8 @@ class FakeConsumer:
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         self.committed.update(offsets)
+        if all(self.committed.get(tp, 0) >= len(r) for tp, r in self.records.items()):
+            self.stop.set()
 
 
 class FakeProducer:

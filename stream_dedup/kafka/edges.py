@@ -71,6 +71,7 @@ from stream_dedup.runner.edges import STOP_GRACE_S, Abandoned, Batch, pause
 log = logging.getLogger("stream_dedup.kafka")
 
 POSITION_TIMEOUT_S = 0.5  # a partition without a fetch position yet is skipped for lag
+READ_AHEAD_WAIT_MS = 1000  # a read ahead's fetch waits this long for a record (or a stop)
 REFORM_TIMEOUT_S = 120.0  # how long a restart waits for the records of the batch in flight
 # A commit refused because the group moved on: the records go to their new owner.
 REBALANCED = (CommitFailedError, IllegalStateError, RebalanceInProgressError,
@@ -101,10 +102,12 @@ class FinishBeforeRevoke(ConsumerRebalanceListener):  # type: ignore[misc]
         async with self._source.lock:  # the batch in flight is delivered and committed first
             log.info("partitions revoked: %s", partition_names(revoked))
             self._source.metrics.forget_partitions((tp.topic, tp.partition) for tp in revoked)
+            self._source.forget_read_ahead(revoked)
 
     async def on_partitions_assigned(self, assigned: list[TopicPartition]) -> None:
         log.info("partitions assigned: %s", partition_names(assigned))
         source = self._source
+        await source.drop_read_ahead()
         source.adopt_plan(assigned)
         stored = source.index.offsets()
         for tp in assigned:
@@ -136,7 +139,10 @@ class KafkaSource:
         self._plan: list[tuple[TopicPartition, int, int]] | None = None
         self._plan_deadline = 0.0
         self._held: dict[TopicPartition, list[ConsumerRecord]] = {}
+        # Records fetched and not yet handed out: beyond a plan's ranges, or read ahead
+        # while a batch was in flight (_read_ahead).
         self._carry: dict[TopicPartition, list[ConsumerRecord]] = {}
+        self._ahead: asyncio.Task[None] | None = None
 
     def adopt_plan(self, assigned: list[TopicPartition]) -> None:
         """After an assignment: decide the batch a crash left in flight exactly as it was
@@ -179,6 +185,11 @@ class KafkaSource:
     async def _next(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
         if self._carry:
             fetched, self._carry = self._carry, {}
+            room = max_records - sum(len(records) for records in fetched.values())
+            if room > 0 and self._plan is None:  # and what the fetcher holds by now
+                for tp, records in (await self.consumer.getmany(
+                        timeout_ms=0, max_records=room)).items():
+                    fetched.setdefault(tp, []).extend(records)
             return fetched
         fetched = await self.consumer.getmany(timeout_ms=500, max_records=max_records)
         if self._plan is None:
@@ -205,7 +216,48 @@ class KafkaSource:
     @contextlib.asynccontextmanager
     async def hold(self, batch: Batch) -> AsyncIterator[Batch]:
         async with self.lock:
-            yield self.owned(batch)
+            try:
+                yield self.owned(batch)
+            finally:
+                await self.stop_reading_ahead()
+
+    def decided(self) -> None:
+        """While the batch held is delivered and committed, the records that arrived while
+        it was decided (and arrive meanwhile) are read into the carry, up to a batch of
+        them. aiokafka fetches a partition again only once what it fetched last is taken:
+        without this, the next batch would hold what was fetched as this one began, and a
+        record would wait a batch more. Not while deciding: fetches then take the GIL from
+        the decide thread (measured: batches 2.4x as long). Stopped before the lock is
+        released, so a revoke never meets it running; an assignment (which can come
+        between a revoke and the next batch's end) stops it first: drop_read_ahead."""
+        if self._ahead is None:
+            self._ahead = asyncio.ensure_future(self._read_ahead())
+
+    async def _read_ahead(self) -> None:
+        cap = self.settings.batch_size
+        with contextlib.suppress(KafkaError):  # the next fetch meets it again, and says so
+            room = cap - sum(len(records) for records in self._carry.values())
+            if room > 0 and self._plan is None:
+                fetched = await self.consumer.getmany(timeout_ms=0, max_records=room)
+                for tp, records in fetched.items():  # no await before they are kept
+                    self._carry.setdefault(tp, []).extend(records)
+
+    async def stop_reading_ahead(self) -> None:
+        task, self._ahead = self._ahead, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def drop_read_ahead(self) -> None:
+        """An assignment: what was read ahead was read under the one before."""
+        await self.stop_reading_ahead()
+        self._carry = {}
+
+    def forget_read_ahead(self, revoked: Sequence[TopicPartition]) -> None:
+        """A revoke: the records read ahead of its partitions go to their next owner."""
+        for tp in revoked:
+            self._carry.pop(tp, None)
 
     def owned(self, batch: Batch) -> Batch:
         """The batch's records of the partitions still assigned (under the lock)."""

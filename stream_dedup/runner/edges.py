@@ -120,6 +120,12 @@ class Source(Protocol):
         (Kafka drops what a rebalance took meanwhile, and makes the next one wait)."""
         ...
 
+    def decided(self) -> None:
+        """The batch held is decided: what is left of it is delivering and committing. A
+        source may read the next batch's records meanwhile (Kafka: the ones that arrived
+        while this one was decided)."""
+        ...
+
     def item(self, record: Any) -> Page | Rejected | Skipped:
         """A record as a page, a reject, or a Skipped (not a page, not an error: it gets no
         decision, and is committed with its batch); never raises. Runs in the decide
@@ -185,6 +191,9 @@ class PageRecords:
 
     def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
         return contextlib.nullcontext(batch)
+
+    def decided(self) -> None:
+        pass
 
     def item(self, record: Any) -> Page | Rejected | Skipped:
         assert isinstance(record, Page | Rejected | Skipped)

@@ -47,7 +47,7 @@ def test_the_next_batch_holds_what_arrived_while_this_one_was_decided(
                 await send(10)
                 await asyncio.sleep(0.5)
                 if read_ahead:
-                    source.decided()
+                    await source.decided()
                     await asyncio.sleep(0.5)
             got.append([r.offset for r in (await source.fetch(100, stop)).records])
             return got
@@ -74,8 +74,7 @@ def test_a_revoke_drops_what_was_read_ahead_of_its_partitions() -> None:
         batch = await source.fetch(4, stop)
         first = [(r.partition, r.offset) for r in batch.records]
         async with source.hold(batch):
-            source.decided()
-            await asyncio.sleep(0.05)
+            await source.decided()
         await source.listener.on_partitions_revoked([P0])
         nxt = await source.fetch(4, stop)
         return first, [(r.partition, r.offset) for r in nxt.records]

@@ -158,7 +158,7 @@ class _FenceThenResume(FinishBeforeRevoke):
         # are resumed by the runner's next fetch, once the index has read the changelog.
         source.consumer.pause(*assigned)
         source.generation += 1
-        await source.drop_read_ahead()
+        source.forget_read_ahead()
         log.info("partitions assigned: %s", partition_names(assigned))
         try:
             await source.producers.open(assigned, source.stop)
@@ -283,10 +283,7 @@ class TransactionalSource(KafkaSource):
                          "owner)", len(batch.records), ", ".join(streams))
                 yield Batch([])
                 return
-            try:
-                yield self.owned(batch)
-            finally:
-                await self.stop_reading_ahead()
+            yield self.owned(batch)
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass  # committed with the batch's transaction

@@ -120,10 +120,10 @@ class Source(Protocol):
         (Kafka drops what a rebalance took meanwhile, and makes the next one wait)."""
         ...
 
-    def decided(self) -> None:
-        """The batch held is decided: what is left of it is delivering and committing. A
-        source may read the next batch's records meanwhile (Kafka: the ones that arrived
-        while this one was decided)."""
+    async def decided(self) -> None:
+        """The batch held is decided; it is delivered and committed next. A source may read
+        ahead now, without waiting (Kafka: takes what its consumer fetched, so that it
+        fetches again while the batch is delivered)."""
         ...
 
     def item(self, record: Any) -> Page | Rejected | Skipped:
@@ -192,7 +192,7 @@ class PageRecords:
     def hold(self, batch: Batch) -> AbstractAsyncContextManager[Batch]:
         return contextlib.nullcontext(batch)
 
-    def decided(self) -> None:
+    async def decided(self) -> None:
         pass
 
     def item(self, record: Any) -> Page | Rejected | Skipped:

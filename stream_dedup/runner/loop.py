@@ -195,7 +195,7 @@ class Runner:
         try:
             items, decisions = await self._index("decide", lambda: self._decide(batch), stop)
             laps.append(time.perf_counter())
-            self.source.decided()
+            await self.source.decided()
             self.faults.at("before-deliver", number)
             await within_grace(self.sink.deliver(batch, items, decisions, stop), stop)
             delivered = time.time()

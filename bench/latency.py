@@ -237,6 +237,10 @@ def step_means(m0: dict[str, float], m1: dict[str, float]) -> dict[str, float]:
         if count:
             total = m1[name.format("sum")] - m0.get(name.format("sum"), 0.0)
             out[f"ms {step}"] = 1000 * total / count
+            fast = [k for k in m1 if k.startswith("stream_dedup_batch_step_seconds_bucket{")
+                    and f'step="{step}"' in k and 'le="0.05"' in k]
+            if fast:  # batches whose step took longer than 50 ms: the service's own stalls
+                out[f"slow {step}"] = count - (m1[fast[0]] - m0.get(fast[0], 0.0))
     pages = sum(v for k, v in m1.items() if k.startswith("stream_dedup_pages_total")) - sum(
         v for k, v in m0.items() if k.startswith("stream_dedup_pages_total"))
     for stage in STAGES:
@@ -300,6 +304,12 @@ def report(results: list[tuple[Result, list[bool]]], args: argparse.Namespace,
                 print("ms a batch in each step of the runner (stream_dedup_batch_step_seconds):"
                       "\n")
                 print(table(["code", *STEPS], steps))
+                print()
+                slow = [[code, *(spread([r.counts.get(f"slow {s}", math.nan) for r, _ in results
+                                         if r.mode == code and r.test == test], "{:.0f}")
+                                 for s in STEPS)] for code in codes]
+                print("batches whose step took over 50 ms (a stall in the service):\n")
+                print(table(["code", *STEPS], slow))
                 print()
             stages = [[code, *(spread([r.counts.get(f"stage {s}", math.nan) for r, _ in results
                                        if r.mode == code and r.test == test], "{:.3f}")

@@ -189,7 +189,7 @@ def double_keeps(kept: list[tuple[Item, str]]) -> int:
     analyses = [analysis(it.url, it.html) for it, _ in kept]
     for i, a in enumerate(analyses):
         own = {("r", a.raw_fp)} | ({("c", a.canonical_fp)} if a.text_length else set())
-        for key in own | {("f", int(f)) for f in a.features.tolist()}:
+        for key in own | {("f", int(f)) for f in a.features[:settings.groups].tolist()}:
             keys.setdefault(key, []).append(i)
     pairs = {(x, y) for posting in keys.values() for x in posting for y in posting if x < y}
     return sum(duplicates(analyses[x], analyses[y], settings) and "verified-distinct" not in

@@ -176,9 +176,13 @@ def check(groups: int, decisions: dict[int, list[object]],
 
 
 def duplicates(a: object, b: object, settings: object) -> bool:
+    """The filter rule: the same raw or canonical fingerprint, or >= r shared features (the
+    first k of `features`; the index keys after them, band and containment keys, are not
+    features: two unrelated pages can share those)."""
     if a.raw_fp == b.raw_fp or (a.text_length and a.canonical_fp == b.canonical_fp):
         return True
-    shared = len(set(a.features.tolist()) & set(b.features.tolist()))
+    k = settings.groups
+    shared = len(set(a.features[:k].tolist()) & set(b.features[:k].tolist()))
     return shared >= settings.threshold
 
 

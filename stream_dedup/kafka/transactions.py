@@ -158,7 +158,6 @@ class _FenceThenResume(FinishBeforeRevoke):
         # are resumed by the runner's next fetch, once the index has read the changelog.
         source.consumer.pause(*assigned)
         source.generation += 1
-        source.forget_read_ahead()
         log.info("partitions assigned: %s", partition_names(assigned))
         try:
             await source.producers.open(assigned, source.stop)
@@ -284,6 +283,12 @@ class TransactionalSource(KafkaSource):
                 yield Batch([])
                 return
             yield self.owned(batch)
+
+    async def decided(self) -> None:
+        """No reading ahead (KafkaSource.decided): with it, two tests of rebalances under
+        exactly-once failed once each in a loaded run (a revoke waiting out its batch, a
+        rebalance mid-stream), neither again alone in 8 runs; until that is understood the
+        carry stays empty here, as before."""
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass  # committed with the batch's transaction

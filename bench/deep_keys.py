@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """The memory index's deep containment keys (index/deep.py): RAM and disk a page held, and
-the time a kept page's keys take to store and a page's asked keys to look up, at scale.
+the time a kept page's keys take to store (on average, and the longest: a spill of the
+newest entries and the merges it starts run in the storing call) and a page's asked keys
+to look up, at scale.
 
 A child process holds only the deep-key store (the rest of the index is bench/memory.py's)
 and feeds it --pages kept pages of --keys deep keys each (random 32-bit values: a page's
@@ -46,6 +48,7 @@ def main() -> int:
     rng = np.random.default_rng(args.seed)
     store = DeepKeys(records_home(""), args.cap, lambda rows: None)
     chunk = 10_000
+    longest, slow = (0.0, 0), 0  # the longest single store (its page), stores over 50 ms
     gc.collect()
     before = proc_status()["VmRSS"]
     started = time.perf_counter()
@@ -54,7 +57,11 @@ def main() -> int:
         keys = rng.integers(0, 2**32, (min(chunk, args.pages - first), args.keys),
                             dtype=np.uint64)
         for i in range(keys.shape[0]):
+            t = time.perf_counter()
             store.add(keys[i], first + i)
+            took = time.perf_counter() - t
+            longest = max(longest, (took, first + i))
+            slow += took > 0.05
         if first and first % 200_000 == 0:
             print(f"  {first:,} pages, {len(store.runs)} runs", file=sys.stderr)
     add_wall, add_cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -81,6 +88,8 @@ def main() -> int:
     print(f"disk a page: {counted['on_disk'] / n:.0f} B in {len(store.runs)} runs "
           f"({len(store):,} entries)")
     print(f"storing: {add_cpu / n * 1e6:.1f} µs CPU a page ({add_wall / n * 1e6:.1f} wall)")
+    print(f"the longest store: {longest[0] * 1000:.0f} ms (page {longest[1]:,}: a spill and "
+          f"its merges, in the caller's thread); {slow} stores over 50 ms")
     print(f"asking {args.asked} keys: {ask_cpu / args.probes * 1e6:.1f} µs CPU a page "
           f"({ask_wall / args.probes * 1e6:.1f} wall; {found / args.probes:.2f} rows found)")
     store.close()

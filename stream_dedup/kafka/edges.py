@@ -233,10 +233,10 @@ class KafkaSource:
                                                             max_records=room)).items():
                 into.setdefault(tp, []).extend(records)
 
-    def forget_read_ahead(self, partitions: Sequence[TopicPartition] | None = None) -> None:
-        """A revoke: the records read ahead of its partitions go to their next owner; an
-        assignment (None): all of them were read under the assignment before."""
-        for tp in list(self._carry) if partitions is None else partitions:
+    def forget_read_ahead(self, revoked: Sequence[TopicPartition]) -> None:
+        """A revoke: the records read ahead of its partitions go to their next owner (an
+        assignment forgets all of them: adopt_plan)."""
+        for tp in revoked:
             self._carry.pop(tp, None)
 
     def owned(self, batch: Batch) -> Batch:

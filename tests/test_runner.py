@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -46,6 +47,7 @@ class FakeConsumer:
         self.records, self.order, self.stop = records, order, stop
         self.pos = dict.fromkeys(records, 0)
         self.committed: dict[TopicPartition, int] = {}
+        self._subscription = SimpleNamespace(reassignment_in_progress=False)  # as aiokafka's
 
     def assignment(self) -> set[TopicPartition]:
         return set(self.records)

@@ -118,3 +118,44 @@ def test_a_full_disk_loses_nothing(tmp_path, monkeypatch) -> None:  # type: igno
     assert got[3] == [5]
     store.spill()
     assert store.postings(np.array([0, 1, 2, 105], np.uint64)) == got
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_a_spill_is_written_out_while_pages_are_stored_and_asked(tmp_path, monkeypatch,  # type: ignore[no-untyped-def]
+                                                                 kernel: bool) -> None:
+    """The writer held at its first write: stores go on into a new table, and a lookup
+    finds the rows of the runs, of the table being written out and of the new one, in
+    order; the runs it made are swapped in at a store after it is done."""
+    import threading
+
+    if not kernel:
+        monkeypatch.setattr(deep, "_native", None)
+    monkeypatch.setattr(deep, "SLOTS", 64)
+    monkeypatch.setattr(deep, "_FIRST_SLOTS", 64)
+    store = _store(tmp_path, 8)
+    release, writing = threading.Event(), threading.Event()
+    real = os.pwrite
+
+    def held_write(*args):  # type: ignore[no-untyped-def]
+        writing.set()
+        assert release.wait(30)
+        return real(*args)
+
+    for row in range(16):  # 32 entries: the table half full
+        store.add(np.array([row % 3, 100 + row], np.uint64), row)
+    store.spill()  # one run on disk
+    for row in range(16, 32):
+        store.add(np.array([row % 3, 100 + row], np.uint64), row)
+    monkeypatch.setattr(os, "pwrite", held_write)
+    store.add(np.array([32 % 3, 132], np.uint64), 32)  # the table is written out...
+    assert writing.wait(30)
+    for row in range(33, 40):  # ...while pages are stored
+        store.add(np.array([row % 3, 100 + row], np.uint64), row)
+    assert store._frozen is not None and len(store.runs) == 1
+    want = [[r for r in range(40) if r % 3 == k][-8:] for k in range(3)] + [[5], [20], [36]]
+    asked = np.array([0, 1, 2, 105, 120, 136], np.uint64)
+    assert store.postings(asked) == want
+    release.set()
+    store.settle()
+    assert store._frozen is None and store.postings(asked) == want
+    store.close()

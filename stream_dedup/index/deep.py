@@ -7,6 +7,7 @@ records_home; a memfd, in RAM, when the records are), and RAM holds only
 
 - the newest entries, in an open-addressing table of uint64 slots (doubled as it fills,
   up to SLOTS: 8 MiB), written out as one run when it is half full;
+- while it is written out, that table too (read-only, still asked), beside a new one;
 - each run's fences: the first key of each block of BLOCK entries (0.008 bytes an entry).
 
 An entry is one uint64, key << 32 | row (the key's low 32 bits): sorted as integers, the
@@ -15,15 +16,20 @@ its key may be in (one pread); a page asks with a few keys (contain_deep_asked),
 page costs ~3 x runs reads (the kernel: core/_deep.c; the Python twins here). Runs are
 merged as the memory index merges its own (the newer at least a quarter of the older), a
 step at a time from file to file, so the runs are few (log4 of the entries over SLOTS / 2)
-and a merge holds two steps in RAM. Each key keeps its `cap` most recent rows: a key that
-many pages share is a site's template (contain_common), not a lead. Rows that are gone
-(`dead`) are dropped by the spills and merges that meet them.
+and a merge holds two steps in RAM. A spill and its merges run in a thread of their own
+(at 1M pages they take 1.6 s: in the storing call, a stall of the deciding thread): it
+reads runs no one writes and makes new ones; the caller swaps them in at a later store
+(`settle`), and waits for it only if the new table is full first. Each key keeps its
+`cap` most recent rows: a key that many pages share is a site's template (contain_common),
+not a lead. Rows that are gone (`dead`) are dropped by the spills and merges that meet them.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+import threading
+import time
 import weakref
 from collections.abc import Callable
 from functools import partial
@@ -135,13 +141,18 @@ class DeepKeys:
         self._table = np.full(min(SLOTS, _FIRST_SLOTS), EMPTY, np.uint64)
         self._held = 0
         self.runs: list[_Run] = []
+        self._frozen: np.ndarray | None = None  # a full table, being written out
+        self._writer: _Writer | None = None  # the thread writing it out
+        self.longest_write = 0.0  # seconds: the longest a writer took (bench/deep_keys.py)
 
     def add(self, keys: np.ndarray, row: int) -> None:
-        """One kept page's deep keys (uint64; the low 32 bits are stored)."""
+        """One kept page's deep keys (uint64; the low 32 bits are stored). Raises the
+        IndexStoreError of a run that could not be written (the page is not added)."""
         keys = np.ascontiguousarray(keys, np.uint64)
+        self.settle(wait=False)
         while self._held + keys.shape[0] > self._table.shape[0] // 2:
             if self._table.shape[0] >= SLOTS:
-                self.spill()
+                self.spill(wait=False)
                 break
             self._grow()
         self._insert(self._table, keys, row)
@@ -171,14 +182,23 @@ class DeepKeys:
     def postings(self, keys: np.ndarray) -> list[list[int]]:
         """Each key's `cap` most recent rows (uint64 keys), a list per key."""
         keys = np.ascontiguousarray(keys, np.uint64)
+        runs, frozen = self.runs, self._frozen
+        if frozen is None:
+            return self._get(self._table, runs, keys)
+        older = self._get(frozen, runs, keys)
+        return [(a + b)[-self.cap:] for a, b in zip(older, self._get(
+            self._table, [], keys), strict=True)]
+
+    def _get(self, table: np.ndarray, runs: list[_Run], keys: np.ndarray) -> list[list[int]]:
+        """Each key's `cap` most recent rows in `runs` (oldest first), then `table`."""
         if _native is not None:
             got: list[list[int]] = _native.deep_get(
-                self._table, [(run.fd, run.fences) for run in self.runs], BLOCK, keys, self.cap)
+                table, [(run.fd, run.fences) for run in runs], BLOCK, keys, self.cap)
             return got
         out = []
-        table, mask = self._table, self._table.shape[0] - 1
+        mask = table.shape[0] - 1
         for key in (keys & _LOW32).tolist():
-            rows = [r for run in self.runs for r in run.rows(key)]
+            rows = [r for run in runs for r in run.rows(key)]
             slot = _slot(key) & mask
             while table[slot] != EMPTY:
                 if int(table[slot]) >> 32 == key:
@@ -187,26 +207,64 @@ class DeepKeys:
             out.append(rows[-self.cap:])
         return out
 
-    def spill(self) -> None:
-        """Write the entries held as a run; merge runs of similar size. A write that fails
-        (a full disk) raises IndexStoreError and loses nothing: the table and the runs stay
-        as they were."""
-        held = self._table[self._table != EMPTY]
-        if held.shape[0]:
-            held.sort()
-            self.runs.append(self._written(lambda run: run.append(
-                _capped(held, self.cap, self.dead))))
-        self._table.fill(EMPTY)  # (the full size: it fills again)
-        self._held = 0
-        while len(self.runs) >= 2 and self.runs[-1].n * 4 >= self.runs[-2].n:
-            older, newer = self.runs[-2:]
-            self.runs[-2:] = [self._written(partial(self._merge, older, newer))]
-            older.close()
-            newer.close()
+    def spill(self, wait: bool = True) -> None:
+        """Write the entries held out as a run, and merge runs of similar size, in a thread
+        (`wait`: and wait for it). One at a time: a spill waits for the last one, and first
+        writes out again a table whose write failed. A write that fails (a full disk)
+        raises IndexStoreError (at the store that finds it) and loses nothing: the table
+        stays, asked, and the runs as they were."""
+        self.settle(wait=True)
+        if self._frozen is not None:  # its write failed
+            self._writer = _Writer(self._write_out, self._frozen, self.runs)
+            self.settle(wait=True)
+        if self._held:
+            self._frozen, self._held = self._table, 0
+            self._table = np.full(self._frozen.shape[0], EMPTY, np.uint64)  # (it fills again)
+            self._writer = _Writer(self._write_out, self._frozen, self.runs)
+        if wait:
+            self.settle(wait=True)
 
-    def _written(self, write: Callable[[_Run], None]) -> _Run:
-        """A new run `write` fills; on an error, none."""
+    def settle(self, wait: bool = True) -> None:
+        """Swap in the runs the writer made once it is done (`wait`: wait for it); raise
+        its error."""
+        writer = self._writer
+        if writer is None or not (wait or writer.done.is_set()):
+            return
+        writer.done.wait()
+        self._writer = None
+        self.longest_write = max(self.longest_write, writer.seconds)
+        if writer.error is not None:
+            raise writer.error
+        replaced = set(self.runs) - set(writer.runs)
+        self.runs, self._frozen = writer.runs, None
+        for run in replaced:
+            run.close()
+
+    def _write_out(self, table: np.ndarray, runs: list[_Run]) -> list[_Run]:
+        """(In the writer's thread.) The runs with `table`'s entries as one more, merged
+        while the newest is at least a quarter of the one before; on an error, the runs
+        made here are closed."""
+        runs, made = list(runs), []
+        try:
+            held = table[table != EMPTY]
+            held.sort()
+            runs.append(self._written(lambda run: run.append(
+                _capped(held, self.cap, self.dead)), made))
+            while len(runs) >= 2 and runs[-1].n * 4 >= runs[-2].n:
+                runs[-2:] = [self._written(partial(self._merge, *runs[-2:]), made)]
+        except BaseException:
+            for run in made:
+                run.close()
+            raise
+        for run in made:
+            if run not in runs:  # merged again: no one else knew it
+                run.close()
+        return runs
+
+    def _written(self, write: Callable[[_Run], None], made: list[_Run]) -> _Run:
+        """A new run `write` fills (listed in `made`); on an error, none."""
         run = _Run(self.directory)
+        made.append(run)
         try:
             write(run)
         except OSError as exc:
@@ -239,17 +297,49 @@ class DeepKeys:
             j += b.shape[0]
 
     def __len__(self) -> int:
-        return self._held + sum(run.n for run in self.runs)
+        frozen = 0 if self._frozen is None else int(np.count_nonzero(self._frozen != EMPTY))
+        return self._held + frozen + sum(run.n for run in self.runs)
 
     def nbytes(self) -> dict[str, int]:
-        """Bytes in RAM (the table, the fences) and in the runs."""
-        return {"ram": self._table.nbytes + sum(run.fences.nbytes for run in self.runs),
+        """Bytes in RAM (the tables, the fences) and in the runs."""
+        frozen = 0 if self._frozen is None else self._frozen.nbytes
+        return {"ram": self._table.nbytes + frozen +
+                sum(run.fences.nbytes for run in self.runs),
                 "on_disk": sum(run.n for run in self.runs) * 8}
 
     def close(self) -> None:
+        """Wait for the writer (its runs, or its error, are dropped); close the runs."""
+        try:
+            self.settle(wait=True)
+        except IndexStoreError:
+            pass
         for run in self.runs:
             run.close()
-        self.runs = []
+        self.runs, self._frozen = [], None
+
+
+class _Writer:
+    """A thread that runs `write(table, runs)` once: its new runs, or its error."""
+
+    def __init__(self, write: Callable[[np.ndarray, list[_Run]], list[_Run]],
+                 table: np.ndarray, runs: list[_Run]) -> None:
+        self.runs: list[_Run] = []
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(write, table, runs), daemon=True,
+                         name="deep-keys-writer").start()
+
+    def _run(self, write: Callable[[np.ndarray, list[_Run]], list[_Run]],
+             table: np.ndarray, runs: list[_Run]) -> None:
+        started = time.perf_counter()
+        try:
+            self.runs = write(table, runs)
+        except BaseException as exc:  # raised in the storing thread (_settle)
+            self.error = exc
+        finally:
+            self.seconds = time.perf_counter() - started
+            self.done.set()
 
 
 def _slot(key: int) -> int:

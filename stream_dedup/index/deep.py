@@ -5,8 +5,9 @@ an entry would be ~700 bytes a page in RAM, three times the whole index. So the 
 live in sorted runs in unlinked temporary files (the records' directory, arena.py
 records_home; a memfd, in RAM, when the records are), and RAM holds only
 
-- the newest entries, in an open-addressing table of uint64 slots (doubled as it fills,
-  up to SLOTS: 8 MiB), written out as one run when it is half full;
+- the newest entries, in an open-addressing table of uint64 slots, written out as one run
+  when it is half full, the next one twice the size, up to SLOTS (8 MiB): a store that
+  holds little costs little;
 - while it is written out, that table too (read-only, still asked), beside a new one;
 - each run's fences: the first key of each block of BLOCK entries (0.008 bytes an entry).
 
@@ -42,7 +43,7 @@ from stream_dedup.errors import IndexStoreError
 
 BLOCK = 512  # entries a block (4 KiB): a fence each
 SLOTS = 1 << 20  # the newest entries' table (8 MiB), written out as a run half full
-_FIRST_SLOTS = 1 << 12  # its size at first: doubled as it fills, up to SLOTS
+_FIRST_SLOTS = 1 << 12  # its size at first: doubled at each spill, up to SLOTS
 STEP = 1 << 16  # entries a merge step reads from each run (512 KiB)
 EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
 _LOW32 = np.uint64(0xFFFF_FFFF)
@@ -150,34 +151,24 @@ class DeepKeys:
         IndexStoreError of a run that could not be written (the page is not added)."""
         keys = np.ascontiguousarray(keys, np.uint64)
         self.settle(wait=False)
-        while self._held + keys.shape[0] > self._table.shape[0] // 2:
-            if self._table.shape[0] >= SLOTS:
-                self.spill(wait=False)
-                break
-            self._grow()
+        if self._held + keys.shape[0] > self._table.shape[0] // 2:
+            self.spill(wait=False)
         self._insert(self._table, keys, row)
         self._held += keys.shape[0]
 
     @staticmethod
     def _insert(table: np.ndarray, keys: np.ndarray, row: int) -> None:
-        """`row` under each key; row -1: the keys are entries (key << 32 | row)."""
+        """`row` under each key."""
         if _native is not None:
             _native.held_add(table, keys, row)
             return
         mask = table.shape[0] - 1
         for key in keys.tolist():
-            entry = key if row < 0 else (key & 0xFFFF_FFFF) << 32 | row
+            entry = (key & 0xFFFF_FFFF) << 32 | row
             slot = _slot(entry >> 32) & mask
             while table[slot] != EMPTY:
                 slot = (slot + 1) & mask
             table[slot] = entry
-
-    def _grow(self) -> None:
-        """The table twice the size (it starts small: a store that holds little costs
-        little), its entries put again in row order, so a key's stay oldest first."""
-        held = self._table[self._table != EMPTY]
-        self._table = np.full(self._table.shape[0] * 2, EMPTY, np.uint64)
-        self._insert(self._table, held[np.argsort(held & _LOW32, kind="stable")], -1)
 
     def postings(self, keys: np.ndarray) -> list[list[int]]:
         """Each key's `cap` most recent rows (uint64 keys), a list per key."""
@@ -219,7 +210,7 @@ class DeepKeys:
             self.settle(wait=True)
         if self._held:
             self._frozen, self._held = self._table, 0
-            self._table = np.full(self._frozen.shape[0], EMPTY, np.uint64)  # (it fills again)
+            self._table = np.full(min(SLOTS, self._frozen.shape[0] * 2), EMPTY, np.uint64)
             self._writer = _Writer(self._write_out, self._frozen, self.runs)
         if wait:
             self.settle(wait=True)

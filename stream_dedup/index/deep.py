@@ -318,7 +318,8 @@ class _Writer:
         self.error: BaseException | None = None
         self.seconds = 0.0
         self.done = threading.Event()
-        threading.Thread(target=self._run, args=(write, table, runs), daemon=True,
+        # Not a daemon: an exit waits for it (a second at most) rather than kill it mid-call.
+        threading.Thread(target=self._run, args=(write, table, runs),
                          name="deep-keys-writer").start()
 
     def _run(self, write: Callable[[np.ndarray, list[_Run]], list[_Run]],

@@ -157,6 +157,7 @@ class _FenceThenResume(FinishBeforeRevoke):
         # a fetch in flight across the seek below can hand out records past a gap. They
         # are resumed by the runner's next fetch, once the index has read the changelog.
         source.consumer.pause(*assigned)
+        source.forget_read_ahead(assigned)  # (sought to the committed offset below)
         source.generation += 1
         log.info("partitions assigned: %s", partition_names(assigned))
         try:
@@ -283,13 +284,6 @@ class TransactionalSource(KafkaSource):
                 yield Batch([])
                 return
             yield self.owned(batch)
-
-    async def decided(self) -> None:
-        """No reading ahead (KafkaSource.decided): with it, two tests of rebalances under
-        exactly-once failed once each in a loaded run (a revoke waiting out its batch, a
-        rebalance mid-stream). The likely cause, a getmany under the batch's lock in a
-        rebalance, KafkaSource.decided now avoids; exactly-once has not been tested with
-        it since, so the carry stays empty here, as before."""
 
     async def commit(self, batch: Batch, stop: asyncio.Event) -> None:
         pass  # committed with the batch's transaction

@@ -1,7 +1,6 @@
-"""KafkaSource reads ahead while a batch is delivered and committed (KafkaSource.decided;
-TransactionalSource too, its rebalances in tests/test_exactly_once.py, test_churn.py): the
-next batch holds every record that arrived while this one was decided, and a revoke drops
-what was read ahead of its partitions."""
+"""At-least-once, KafkaSource reads ahead while a batch is delivered and committed
+(KafkaSource.decided; exactly-once does not): the next batch holds every record that arrived
+while this one was decided, and a revoke drops what was read ahead of its partitions."""
 
 from __future__ import annotations
 

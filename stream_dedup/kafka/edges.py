@@ -238,10 +238,10 @@ class KafkaSource:
                                                             max_records=room)).items():
                 into.setdefault(tp, []).extend(records)
 
-    def forget_read_ahead(self, partitions: Sequence[TopicPartition]) -> None:
+    def forget_read_ahead(self, revoked: Sequence[TopicPartition]) -> None:
         """A revoke: the records read ahead of its partitions go to their next owner (an
-        assignment forgets all of them: adopt_plan; exactly-once, those it assigns)."""
-        for tp in partitions:
+        assignment forgets all of them: adopt_plan)."""
+        for tp in revoked:
             self._carry.pop(tp, None)
 
     def owned(self, batch: Batch) -> Batch:

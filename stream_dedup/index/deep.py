@@ -6,7 +6,7 @@ live in sorted runs in unlinked temporary files (the records' directory, arena.p
 records_home; a memfd, in RAM, when the records are), and RAM holds only
 
 - the newest entries, in an open-addressing table of uint64 slots, written out as one run
-  when it is half full, the next one twice the size, up to SLOTS (8 MiB): a store that
+  when it is half full, the next one twice the size, up to SLOTS (4 MiB): a store that
   holds little costs little;
 - while it is written out, that table too (read-only, still asked), beside a new one;
 - each run's fences: the first key of each block of BLOCK entries (0.008 bytes an entry).
@@ -18,8 +18,8 @@ page costs ~3 x runs reads (the kernel: core/_deep.c; the Python twins here). Ru
 merged as the memory index merges its own (the newer at least a quarter of the older), a
 step at a time from file to file, so the runs are few (log4 of the entries over SLOTS / 2)
 and a merge holds two steps in RAM. A spill and its merges run in a thread of their own
-(at 1M pages they take 1.6 s: in the storing call, a stall of the deciding thread): it
-reads runs no one writes and makes new ones; the caller swaps them in at a later store
+(at 1M pages of 85 keys they take 1.1-1.5 s: in the storing call, a stall of the deciding
+thread): it reads runs no one writes and makes new ones; the caller swaps them in at a later store
 (`settle`), and waits for it only if the new table is full first. Each key keeps its
 `cap` most recent rows: a key that many pages share is a site's template (contain_common),
 not a lead. Rows that are gone (`dead`) are dropped by the spills and merges that meet them.
@@ -42,7 +42,7 @@ from stream_dedup.core import native as _native  # None: the Python twins
 from stream_dedup.errors import IndexStoreError
 
 BLOCK = 512  # entries a block (4 KiB): a fence each
-SLOTS = 1 << 20  # the newest entries' table (8 MiB), written out as a run half full
+SLOTS = 1 << 19  # the newest entries' table (4 MiB), written out as a run half full
 _FIRST_SLOTS = 1 << 12  # its size at first: doubled at each spill, up to SLOTS
 STEP = 1 << 16  # entries a merge step reads from each run (512 KiB)
 EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)

@@ -327,7 +327,7 @@ class _Writer:
         started = time.perf_counter()
         try:
             self.runs = write(table, runs)
-        except BaseException as exc:  # raised in the storing thread (_settle)
+        except BaseException as exc:  # raised in the storing thread (settle)
             self.error = exc
         finally:
             self.seconds = time.perf_counter() - started

@@ -71,7 +71,9 @@ def main() -> int:
         if first and first % 200_000 == 0:
             print(f"  {first:,} pages, {len(store.runs)} runs", file=sys.stderr)
     add_wall, add_cpu = time.perf_counter() - started, time.process_time() - cpu
-    getattr(store, "settle", lambda: None)()  # the last spill's runs in (its table gone)
+    # The last spill's runs in (its table gone). getattr here and below: this script also
+    # runs in an older checkout, whose store wrote out in the storing call (no writer).
+    getattr(store, "settle", lambda: None)()
     gc.collect()
     grown = proc_status()["VmRSS"] - before
     counted = store.nbytes()
@@ -98,7 +100,7 @@ def main() -> int:
     per_table = deep.SLOTS // 2 // args.keys
     print(f"the longest store: {longest[0] * 1000:.0f} ms (page {longest[1]:,}); {slow} stores "
           f"over 50 ms, stored at {n / add_wall:,.0f} pages/s")
-    if (wrote := getattr(store, "longest_write", 0.0)) > 0:  # (an older store: in the call)
+    if (wrote := getattr(store, "longest_write", 0.0)) > 0:
         print(f"the longest write-out (a spill and its merges, in their thread): "
               f"{wrote * 1000:.0f} ms; a table holds {per_table:,} pages, so a store waits "
               f"only above {per_table / wrote:,.0f} kept pages/s")

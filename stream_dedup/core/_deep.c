@@ -22,9 +22,9 @@ static inline size_t slot_of(uint32_t key, size_t mask) {
     return (size_t)mix64((uint64_t)key) & mask;
 }
 
-/* held_add(table, keys, row) -> int: `row` under each key (uint64 buffer: the low 32 bits;
- * row -1: each key is an entry already, key << 32 | its row); the table (a writable uint64
- * buffer, a power of two long) must have a free slot for each. */
+/* held_add(table, keys, row) -> int: `row` under each key (uint64 buffer: the low 32
+ * bits); the table (a writable uint64 buffer, a power of two long) must have a free slot
+ * for each. */
 PyObject *held_add(PyObject *self, PyObject *args) {
     Py_buffer t, k;
     long long row;
@@ -32,9 +32,9 @@ PyObject *held_add(PyObject *self, PyObject *args) {
     uint64_t *table = t.buf;
     size_t slots = (size_t)t.len / 8, n = (size_t)k.len / 8, mask = slots - 1, used = 0;
     const uint64_t *keys = k.buf;
-    int ok = slots && !(slots & mask) && row >= -1 && row < 0xFFFFFFFFll;
+    int ok = slots && !(slots & mask) && row >= 0 && row < 0xFFFFFFFFll;
     for (size_t i = 0; ok && i < n; i++) {
-        uint64_t entry = row < 0 ? keys[i] : (keys[i] & 0xFFFFFFFFull) << 32 | (uint64_t)row;
+        uint64_t entry = (keys[i] & 0xFFFFFFFFull) << 32 | (uint64_t)row;
         size_t s = slot_of((uint32_t)(entry >> 32), mask), probes = 0;
         while (table[s] != EMPTY && probes++ < slots) s = (s + 1) & mask;
         if (table[s] != EMPTY || entry == EMPTY) {
@@ -48,7 +48,7 @@ PyObject *held_add(PyObject *self, PyObject *args) {
     PyBuffer_Release(&k);
     if (!ok) {
         PyErr_SetString(PyExc_ValueError, "held_add: a full table, a length not a power of "
-                        "two, or a row past 2**32 - 2");
+                        "two, or a row not in 0..2**32 - 2");
         return NULL;
     }
     return PyLong_FromSize_t(used);

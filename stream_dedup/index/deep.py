@@ -164,11 +164,10 @@ class DeepKeys:
             return
         mask = table.shape[0] - 1
         for key in keys.tolist():
-            entry = (key & 0xFFFF_FFFF) << 32 | row
-            slot = _slot(entry >> 32) & mask
+            slot = _slot(key & 0xFFFF_FFFF) & mask
             while table[slot] != EMPTY:
                 slot = (slot + 1) & mask
-            table[slot] = entry
+            table[slot] = (key & 0xFFFF_FFFF) << 32 | row
 
     def postings(self, keys: np.ndarray) -> list[list[int]]:
         """Each key's `cap` most recent rows (uint64 keys), a list per key."""
